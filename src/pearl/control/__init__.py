@@ -1,0 +1,1 @@
+"""Control: the unified cluster state and the pure decisions made over it."""

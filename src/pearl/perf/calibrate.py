@@ -1,0 +1,232 @@
+"""Fit the roofline efficiencies (mfu, bw_eff, step overhead) to measured engine step times.
+
+Each measured step is reduced to the ideal compute time c (FLOPs at 100% of peak), the ideal memory
+time m (bytes at 100% of HBM bandwidth) and the all-reduce time; the fit then solves, in relative error,
+
+    max form:  seconds - comm = overhead + max(c / mfu, m / bw_eff)
+    sum form:  seconds - comm = overhead + c / mfu + m / bw_eff        (linear in 1/mfu, 1/bw_eff)
+
+Fits that are physically impossible (mfu or bw_eff above 1 or not positive, negative overhead) or that
+explain the data badly raise `CalibrationError` with the reason; `OnlineCalibrator` keeps the last good
+coefficients when that happens.
+"""
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, replace
+from typing import Iterable, Sequence
+
+import numpy as np
+
+from pearl.errors import CalibrationError
+from pearl.perf.hardware import Hardware
+from pearl.perf.models import ModelShape
+from pearl.perf.roofline import PerfCoeffs, PerfModel, ideal_time
+
+MIN_SAMPLES = 5  # three unknowns, plus enough slack to see the residual
+
+
+@dataclass(frozen=True)
+class StepSample:
+    """One measured engine step (arguments of `PerfModel.step_time`, and the seconds it took)."""
+
+    n_decode: int
+    decode_context: int
+    prefill_tokens: int
+    prefill_attn: float
+    seconds: float
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """A fit and how well it explains the samples."""
+
+    coeffs: PerfCoeffs
+    n_samples: int
+    rmse: float  # seconds
+    rel_rmse: float  # root-mean-square of (predicted - measured) / measured
+    compute_bound: int  # samples on the compute side of the roofline (max form)
+    memory_bound: int
+
+
+def _regressors(samples: Sequence[StepSample], pm: PerfModel) -> tuple[np.ndarray, ...]:
+    rows = []
+    for i, s in enumerate(samples):
+        if not s.seconds > 0:
+            raise CalibrationError(f"sample {i} has a non-positive duration ({s.seconds} s)")
+        if s.n_decode < 0 or s.prefill_tokens < 0 or s.decode_context < 0 or s.prefill_attn < 0:
+            raise CalibrationError(f"sample {i} has a negative count: {s}")
+        if s.n_decode + s.prefill_tokens == 0:
+            raise CalibrationError(f"sample {i} has no tokens (an empty step cannot be fitted)")
+        c, m, comm = ideal_time(pm, s.n_decode, s.decode_context, s.prefill_tokens, s.prefill_attn)
+        rows.append((c, m, comm, s.seconds))
+    c, m, comm, y = (np.array(col, dtype=float) for col in zip(*rows))
+    return c, m, y - comm, y
+
+
+def _fit_sum(c: np.ndarray, m: np.ndarray, y: np.ndarray) -> tuple[float, float, float]:
+    """Weighted (relative-error) linear least squares for overhead + a·c + b·m. Unconstrained on
+    purpose: a sign or a value below 1 is what tells us the fit is impossible."""
+    w = 1.0 / y
+    design = np.column_stack([np.ones_like(c), c, m]) * w[:, None]
+    scale = np.linalg.norm(design, axis=0)
+    if np.any(scale == 0) or np.linalg.matrix_rank(design / scale) < 3:
+        raise CalibrationError("the samples do not vary enough to separate compute, memory and "
+                               "overhead; mix decode, prefill and mixed steps of different sizes")
+    sol, *_ = np.linalg.lstsq(design / scale, y * w, rcond=None)
+    o, a, b = sol / scale
+    return float(a), float(b), float(o)
+
+
+def _max_residual(x: np.ndarray, c: np.ndarray, m: np.ndarray, y: np.ndarray, ymed: float) -> np.ndarray:
+    a, b, o = x
+    return (o * ymed + np.maximum(a * c, b * m)) / y - 1.0
+
+
+def _polish_max(a: float, b: float, o: float, c, m, y) -> tuple[float, float, float]:
+    """Given which side of the roofline each sample sits on, the max form is linear: alternate
+    classify / solve until the classification is stable (exact on noise-free data)."""
+    w = 1.0 / y
+    for _ in range(20):
+        comp = a * c >= b * m
+        cols = [np.ones_like(c), np.where(comp, c, 0.0), np.where(comp, 0.0, m)]
+        keep = [0] + [j for j in (1, 2) if np.any(cols[j])]
+        design = np.column_stack([cols[j] for j in keep]) * w[:, None]
+        sol, *_ = np.linalg.lstsq(design, y * w, rcond=None)
+        new = {0: o, 1: a, 2: b}
+        new.update(zip(keep, sol))
+        o2, a2, b2 = new[0], new[1], new[2]
+        if a2 <= 0 or b2 <= 0:
+            break
+        if np.array_equal(a2 * c >= b2 * m, comp):
+            return float(a2), float(b2), float(o2)
+        a, b, o = a2, b2, o2
+    return a, b, o
+
+
+def _fit_max(c: np.ndarray, m: np.ndarray, y: np.ndarray) -> tuple[float, float, float]:
+    from scipy.optimize import least_squares  # scipy is slow to import; only calibration needs it
+
+    ymed = float(np.median(y))
+    # Bounds allow mfu/bw_eff up to 100 and negative overhead so that impossible fits are *seen* (and
+    # refused below) instead of being clipped into something plausible-looking.
+    lo, hi = [1e-2, 1e-2, -np.max(y) / ymed], [1e4, 1e4, np.max(y) / ymed]
+    best, best_cost = None, np.inf
+    o_starts = (0.0, 0.5 * float(np.min(y)) / ymed)
+    for a0 in (1.2, 2.0, 4.0, 10.0):
+        for b0 in (1.05, 1.5, 3.0):
+            for o0 in o_starts:
+                r = least_squares(_max_residual, [a0, b0, o0], bounds=(lo, hi), args=(c, m, y, ymed),
+                                  method="trf", xtol=1e-12, ftol=1e-12, gtol=1e-12)
+                if r.cost < best_cost:
+                    best, best_cost = r.x, r.cost
+    a, b, o = float(best[0]), float(best[1]), float(best[2]) * ymed
+    a2, b2, o2 = _polish_max(a, b, o, c, m, y)
+    if a2 > 0 and b2 > 0:
+        cost2 = float(np.sum(_max_residual(np.array([a2, b2, o2 / ymed]), c, m, y, ymed) ** 2)) / 2
+        if cost2 <= best_cost:
+            a, b, o = a2, b2, o2
+    return a, b, o
+
+
+def fit(samples: Iterable[StepSample], model: ModelShape, hw: Hardware, tp: int = 1, combine: str = "max",
+        base: PerfCoeffs | None = None, max_rel_error: float = 0.25) -> Calibration:
+    """Fit mfu, bw_eff and step_overhead_s; the other coefficients come from `base`. Raises
+    CalibrationError when the fit is impossible or its relative RMS error exceeds `max_rel_error`."""
+    samples = list(samples)
+    if combine not in ("max", "sum"):
+        raise CalibrationError(f"combine must be 'max' or 'sum', got {combine!r}")
+    if len(samples) < MIN_SAMPLES:
+        raise CalibrationError(f"too few samples to calibrate: {len(samples)} (need at least {MIN_SAMPLES})")
+    base = replace(base or PerfCoeffs(), combine=combine)
+    pm = PerfModel(model, hw, tp, base)
+    c, m, y, measured = _regressors(samples, pm)
+    if np.any(y <= 0):
+        raise CalibrationError("some steps took less than their tensor-parallel all-reduces alone; "
+                               "wrong tp or hardware?")
+    a, b, o = (_fit_sum if combine == "sum" else _fit_max)(c, m, y)
+    comp = a * c >= b * m
+    if combine == "max":
+        # A side of the roofline that no sample reaches only bounds its efficiency from below: keep the
+        # prior, raised to the least value consistent with the data.
+        slack = np.maximum(y - o, 1e-30)
+        if not np.any(comp):
+            a = min(1.0 / base.mfu, float(np.min(slack / c)))
+        if np.all(comp):
+            b = min(1.0 / base.bw_eff, float(np.min(slack / m)))
+    where = f"{model.name} on {hw.name} tp={tp} ({combine} form, {len(samples)} samples)"
+    for label, inv, what in (("mfu", a, "FLOP/s"), ("bw_eff", b, "HBM bandwidth")):
+        if inv <= 0:
+            raise CalibrationError(f"{where}: fitted {label} is not positive: step time does not grow "
+                                   f"with the model's {what} demand")
+        if inv < 1.0:
+            raise CalibrationError(f"{where}: fitted {label} = {1 / inv:.3g} > 1: steps are faster than the "
+                                   f"hardware's peak {what} allows; wrong hardware, model or tp?")
+    tol = max(1e-5, 0.01 * float(np.median(y)))  # measurement noise can push a true ~0 slightly below
+    if o < -tol:
+        raise CalibrationError(f"{where}: fitted step overhead is negative ({o * 1e3:.3g} ms)")
+    o = max(o, 0.0)
+    coeffs = replace(base, mfu=1.0 / a, bw_eff=1.0 / b, step_overhead_s=o)
+    pred = o + (np.maximum(a * c, b * m) if combine == "max" else a * c + b * m)
+    err = pred - y
+    rel = float(np.sqrt(np.mean((err / measured) ** 2)))
+    if rel > max_rel_error:
+        raise CalibrationError(f"{where}: the fit explains the samples badly (relative RMS error "
+                               f"{rel:.1%} > {max_rel_error:.0%}); try combine='sum' or check the samples")
+    return Calibration(coeffs, len(samples), float(np.sqrt(np.mean(err ** 2))), rel,
+                       int(np.sum(comp)) if combine == "max" else 0,
+                       int(np.sum(~comp)) if combine == "max" else 0)
+
+
+def calibrate(samples: Iterable[StepSample], model: ModelShape, hw: Hardware, tp: int = 1,
+              combine: str = "max", base: PerfCoeffs | None = None, max_rel_error: float = 0.25) -> PerfCoeffs:
+    """The fitted coefficients (see `fit` for the full report)."""
+    return fit(samples, model, hw, tp, combine, base, max_rel_error).coeffs
+
+
+class OnlineCalibrator:
+    """Accumulates measured steps in a bounded window and refits on demand. A refused fit leaves the
+    last good coefficients in place (and its reason in `last_error`)."""
+
+    def __init__(self, model: ModelShape, hw: Hardware, tp: int = 1, coeffs: PerfCoeffs = PerfCoeffs(),
+                 window: int = 2048, min_samples: int = 32, max_rel_error: float = 0.25):
+        if window < MIN_SAMPLES or min_samples < MIN_SAMPLES:
+            raise ValueError(f"window and min_samples must be >= {MIN_SAMPLES}")
+        self.model, self.hw, self.tp = model, hw, tp
+        self.min_samples, self.max_rel_error = min_samples, max_rel_error
+        self._samples: deque[StepSample] = deque(maxlen=window)
+        self._coeffs = coeffs
+        self.last_fit: Calibration | None = None
+        self.last_error: str | None = None
+
+    @property
+    def coeffs(self) -> PerfCoeffs:
+        return self._coeffs
+
+    @property
+    def n_samples(self) -> int:
+        return len(self._samples)
+
+    def add(self, sample: StepSample) -> None:
+        self._samples.append(sample)
+
+    def add_step(self, n_decode: int, decode_context: int, prefill_tokens: int, prefill_attn: float,
+                 seconds: float) -> None:
+        self._samples.append(StepSample(n_decode, decode_context, prefill_tokens, prefill_attn, seconds))
+
+    def refit(self) -> PerfCoeffs:
+        """Refit over the window (when it holds at least `min_samples`); returns the current coefficients."""
+        if len(self._samples) < self.min_samples:
+            self.last_error = f"only {len(self._samples)} samples (refit needs {self.min_samples})"
+            return self._coeffs
+        try:
+            cal = fit(self._samples, self.model, self.hw, self.tp, self._coeffs.combine, self._coeffs,
+                      self.max_rel_error)
+        except CalibrationError as e:
+            self.last_error = str(e)
+            return self._coeffs
+        self.last_fit, self.last_error, self._coeffs = cal, None, cal.coeffs
+        return self._coeffs
+
+    def perf_model(self, memory_utilization: float = 0.9) -> PerfModel:
+        return PerfModel(self.model, self.hw, self.tp, self._coeffs, memory_utilization)

@@ -1,0 +1,83 @@
+"""Simulation results: throughput over the steady state, trainer waits, utilisation by pool,
+effective decode concurrency, staleness; JSON-able and deterministic (rounded floats)."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from pearl.types import Pool, Role
+
+if TYPE_CHECKING:
+    from pearl.runtime.sim import Simulator
+
+
+def _r(x: float, nd: int = 4) -> float:
+    return float(round(x, nd))
+
+
+def collect(sim: "Simulator") -> dict[str, Any]:
+    T = max(sim.clock.now, 1e-9)
+    steps = sim.steps
+    # Steady state: from the end of the first training step to the end of the last one.
+    done = [s for s in steps if s["t_end"] <= T]
+    if len(done) >= 2:
+        t0, t1 = done[0]["t_end"], done[-1]["t_end"]
+        trajs = sum(s["trajectories"] for s in done[1:])
+        toks = sum(s["tokens"] for s in done[1:])
+        span = max(t1 - t0, 1e-9)
+        thr, tok_thr = trajs / span, toks / span
+    else:
+        span, thr, tok_thr = 0.0, 0.0, 0.0
+    # utilisation by pool (device-seconds) and by role (worker-seconds of engine busy time)
+    busy: dict[str, float] = {p.value: 0.0 for p in Pool}
+    by_role: dict[str, float] = {r.value: 0.0 for r in Role}
+    decode_batch_s, decode_workers_s = 0.0, 0.0
+    for eng in sim.all_engines:
+        pool = sim.state.devices[eng.devices[0]].pool.value
+        busy[pool] += eng.busy_s * len(eng.devices)
+        by_role[eng.role.value] += eng.busy_s * len(eng.devices)
+        decode_batch_s += eng.decode_batch_s
+    avail = sim.device_seconds()
+    busy[Pool.TRAIN.value] += sum(s["train_s"] for s in done) * len(sim.train_devices)
+    util = {p: _r(busy[p] / avail[p]) if avail.get(p) else 0.0 for p in busy}
+    decode_workers_s = sim.decode_worker_seconds()
+    rollout_s = [b - a for a, b in zip(sim.batch_ready_t, sim.batch_ready_t[1:])]
+    return {
+        "scenario": sim.cfg.name,
+        "policy": sim.policy.name,
+        "seed": sim.cfg.seed,
+        "virtual_s": _r(T, 3),
+        "train_steps": len(done),
+        "throughput": {"trajectories_per_s": _r(thr, 6), "tokens_per_s": _r(tok_thr, 2),
+                       "steady_state_s": _r(span, 3)},
+        "trained_trajectories": sim.trained_trajs,
+        "discarded_stale": sim.discarded,
+        "admitted_trajectories": sim.next_traj,
+        "trainer": {"wait_for_devices_s": _r(sim.trainer_device_wait, 3),
+                    "wait_for_batch_s": _r(sum(s["trainer_idle_s"] for s in done[1:]), 3),
+                    "max_device_wait_s": _r(max((s["device_wait_s"] for s in done), default=0.0), 4)},
+        "per_step": [{k: (_r(v, 3) if isinstance(v, float) else v) for k, v in s.items()} for s in done],
+        "rollout_s_per_step": [_r(x, 3) for x in rollout_s],
+        "utilisation": {"by_pool": util, "busy_device_s_by_role": {k: _r(v, 2) for k, v in by_role.items()}},
+        "decode_concurrency": {
+            "per_decode_worker": _r(decode_batch_s / decode_workers_s, 3) if decode_workers_s else 0.0,
+            "active_trajectories": _r(sim.active_integral / T, 3),
+        },
+        "staleness_histogram": {str(k): v for k, v in sorted(sim.staleness_hist.items())},
+        "reconfiguration": {"migrated_requests": sim.migrated, "recomputed_tokens": sim.recomputed_tokens,
+                            "preemptions": sum(e.preemptions for e in sim.all_engines),
+                            "kv_evictions": sum(e.evictions for e in sim.all_engines),
+                            "switches": sum(1 for d in sim.decisions if d.get("switch")),
+                            "decisions": len(sim.decisions)},
+        "layout_final": str(sim.state.shape()) if sim.engines else "none",
+        "events": sim.clock.events_run,
+        "decisions": sim.decisions,
+    }
+
+
+def save(result: dict[str, Any], path: str | Path) -> Path:
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    p.write_text(json.dumps(result, indent=1, sort_keys=True))
+    return p

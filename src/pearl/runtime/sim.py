@@ -1,0 +1,410 @@
+"""The virtual-time simulator of a whole asynchronous agentic-RL cluster.
+
+Owns the virtual clock, the emulated engines, the agent loops, the emulated trainer and the metrics;
+decisions (which layout, when to borrow, how to absorb elastic devices) come from a `Policy`
+(`pearl.runtime.policies`), which acts only through the actuators here: `start_worker`,
+`stop_worker`, `set_role`, `lend`, `reclaim`. The unified `ClusterState` records every change.
+"""
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+
+from pearl.config import ScenarioConfig
+from pearl.control.staleness import StalenessGate
+from pearl.control.state import ClusterState
+from pearl.engine.emulated import EmulatedEngine
+from pearl.engine.request import Request
+from pearl.engine.router import pick_decode, pick_prefill
+from pearl.perf.hardware import get_hardware
+from pearl.perf.models import get_model
+from pearl.perf.roofline import PerfModel
+from pearl.runtime.clock import VirtualClock
+from pearl.types import DeviceStatus, Pool, Role, WorkerPhase
+from pearl.workloads import TrajectorySpec, Workload
+
+
+@dataclass(slots=True, eq=False)
+class SimTrajectory:
+    spec: TrajectorySpec
+    id: str
+    t_start: float
+    turn: int = 0
+    ctx: int = 0  # tokens in context now
+    min_version: int = 1 << 30
+    home: EmulatedEngine | None = None  # decode / mixed worker holding the KV
+    pre_home: EmulatedEngine | None = None  # prefill worker holding the prefix
+    generated: int = 0
+    in_env: bool = False
+    t_end: float = 0.0
+    migrations: int = 0
+    recomputes: int = 0
+
+
+@dataclass(slots=True)
+class Group:
+    index: int
+    n: int
+    done: list[SimTrajectory] = field(default_factory=list)
+
+    @property
+    def min_version(self) -> int:
+        return min(t.min_version for t in self.done)
+
+
+class Simulator:
+    def __init__(self, cfg: ScenarioConfig, policy=None):
+        from pearl.runtime.policies import make_policy  # policies import this module's types
+
+        self.cfg = cfg
+        self.clock = VirtualClock()
+        self.model = get_model(cfg.model)
+        self.hw = get_hardware(cfg.cluster.hardware)
+        self.perf = PerfModel(self.model, self.hw, tp=cfg.engine.tp,
+                              memory_utilization=cfg.engine.memory_utilization)
+        self.kv_capacity = self.perf.kv_capacity_tokens()
+        self.workload = Workload(cfg.workload, cfg.seed)
+        rl = cfg.rl
+        self.batch_trajs = rl.prompts_per_batch * rl.group_size
+        self.gate = StalenessGate(self.batch_trajs, rl.staleness, rl.max_concurrent_trajectories)
+        self.state = ClusterState(check=False)
+        self.engines: dict[int, EmulatedEngine] = {}  # worker id -> engine (live workers only)
+        self.all_engines: list[EmulatedEngine] = []  # every engine ever started (metrics)
+        self.device_time: dict[int, list[float]] = {}  # device -> [joined at, left at] (elastic)
+        self.version = 0
+        self.policy = policy or make_policy(cfg.policy)
+        self._build_cluster()
+        # rollout bookkeeping
+        self.next_group = 0
+        self.next_traj = 0
+        self.next_rid = 0
+        self.groups: dict[int, Group] = {}
+        self.ready: list[Group] = []
+        self.active = 0
+        self.active_integral = 0.0
+        self._last_t = 0.0
+        # trainer
+        self.trainer_busy = False
+        self.trainer_idle_since = 0.0
+        self.steps: list[dict] = []
+        self.batch_ready_t: list[float] = []
+        self.staleness_hist: Counter[int] = Counter()
+        self.trained_trajs = 0
+        self.trained_tokens = 0
+        self.discarded = 0
+        self.failed = 0
+        self.trainer_device_wait = 0.0
+        self.migrated = 0
+        self.recomputed_tokens = 0
+        self.decisions: list[dict] = []
+
+    # ------------------------------------------------------------------ cluster
+    def _build_cluster(self) -> None:
+        c, st = self.cfg.cluster, self.state
+        node = 0
+        self.rollout_devices = []
+        for i in range(c.rollout_devices):
+            self.rollout_devices.append(st.add_device(0.0, Pool.ROLLOUT, node=i // c.devices_per_node))
+        node = -(-c.rollout_devices // c.devices_per_node)
+        self.train_devices = [st.add_device(0.0, Pool.TRAIN, node=node + i // c.devices_per_node)
+                              for i in range(c.train_devices)]
+        self.next_node = node + -(-c.train_devices // c.devices_per_node)
+
+    def device_seconds(self) -> dict[str, float]:
+        """Available device-seconds per pool over the run (elastic devices only while present)."""
+        T = self.clock.now
+        out = {p.value: 0.0 for p in Pool}
+        for d in self.state.devices.values():
+            a, b = self.device_time.get(d.id, (0.0, None))
+            out[d.pool.value] += (b if b is not None else T) - a
+        return out
+
+    def decode_worker_seconds(self) -> float:
+        T = self.clock.now
+        return sum(((e.stopped_t if e.stopped_t is not None else T) - e.started_t)
+                   for e in self.all_engines if e.role is not Role.PREFILL)
+
+    def node_of(self, dev: int) -> int:
+        return self.state.devices[dev].node
+
+    def start_worker(self, devices: tuple[int, ...], role: Role, load_s: float = 0.0) -> EmulatedEngine:
+        t = self.clock.now
+        wid = self.state.start_worker(t, devices, role, self.version)
+        eng = EmulatedEngine(wid, role, self.perf.step_time, self.kv_capacity, self.cfg.engine.max_num_seqs,
+                             self.cfg.engine.max_batched_tokens, self._on_done, self.version)
+        eng.devices = devices
+        eng.on_plan = self._on_plan
+        eng.accepting = False
+        self.engines[wid] = eng
+        self.all_engines.append(eng)
+        eng.started_t, eng.stopped_t = t, None
+        if load_s <= 0:
+            self._worker_ready(eng)
+        else:
+            self.clock.at(t + load_s, self._worker_ready, eng)
+        return eng
+
+    def _worker_ready(self, eng: EmulatedEngine) -> None:
+        if self.state.workers[eng.wid].phase is WorkerPhase.LOADING:
+            self.state.worker_ready(self.clock.now, eng.wid)
+            eng.accepting = True
+            eng.version = self.version
+            self.policy.on_worker_ready(self, eng)
+
+    def stop_worker(self, eng: EmulatedEngine, migrate: bool = True) -> None:
+        """Stop a worker; its in-flight requests move (KV migration) or resume elsewhere (recompute)."""
+        t = self.clock.now
+        eng.accepting = False
+        reqs = eng.abort_all(t)
+        self.engines.pop(eng.wid, None)
+        eng.stopped_t = t
+        if self.state.workers[eng.wid].phase is not WorkerPhase.STOPPED:
+            self.state.stop_worker(t, eng.wid)
+        for r in reqs:
+            self._relocate(r, eng, migrate)
+
+    def set_role(self, eng: EmulatedEngine, role: Role, flip_s: float = 0.05) -> None:
+        """Flip a worker's role with its weights resident; decodes leave a worker that becomes prefill."""
+        t = self.clock.now
+        if role is Role.PREFILL:
+            for r in [d.req for d in eng.dec.values()]:
+                eng.abort(r, t)
+                self._relocate(r, eng, migrate=True)
+        eng.role = role
+        self.state.set_role(t, eng.wid, role)
+        eng.pause(t, t + flip_s)
+
+    def _relocate(self, r: Request, src: EmulatedEngine, migrate: bool) -> None:
+        """Token-level resume: the request keeps the tokens it generated; with KV (migrate) or without."""
+        tr: SimTrajectory = r.meta
+        t = self.clock.now
+        if tr.home is src:
+            tr.home = None
+        if tr.pre_home is src:
+            tr.pre_home = None
+        if r.prefill_only:  # a prefill that had not finished: just prefill it elsewhere
+            self._submit(tr, r, t)
+            return
+        has_kv = migrate and r.num_generated > 0
+        dst = self._decode_target(tr)
+        if has_kv:
+            tr.migrations += 1
+            self.migrated += 1
+            delay = self.perf.kv_transfer_time(r.num_tokens, self.node_of(src.devices[0]) == self.node_of(dst.devices[0]))
+            self.clock.at(t + delay, self._arrive_decode, tr, r, dst)
+        else:
+            tr.recomputes += 1
+            self.recomputed_tokens += r.num_tokens
+            r.prefill_only = False
+            dst.submit(r, t)
+            tr.home = dst
+
+    # ------------------------------------------------------------------ engines by role
+    def serving(self, *roles: Role) -> list[EmulatedEngine]:
+        return [e for e in self.engines.values() if e.accepting and e.role in roles]
+
+    def _decode_target(self, tr: SimTrajectory) -> EmulatedEngine:
+        cands = self.serving(Role.DECODE, Role.MIXED) or self.serving(Role.PREFILL)
+        return pick_decode(cands, tr.id, tr.home)
+
+    # ------------------------------------------------------------------ rollout
+    def _admit(self) -> None:
+        n = self.cfg.rl.group_size
+        while self.gate.capacity(self.version) >= n:
+            g = Group(self.next_group, n)
+            self.groups[g.index] = g
+            prompt = self.workload.group_prompt_tokens(g.index)
+            for _ in range(n):
+                spec = self.workload.trajectory(self.next_traj, g.index, prompt)
+                tr = SimTrajectory(spec, f"t{self.next_traj}", self.clock.now, ctx=spec.prompt_tokens)
+                self.next_traj += 1
+                self._start_turn(tr)
+            self.gate.on_start(n)
+            self._count_active(+n)
+            self.next_group += 1
+
+    def _count_active(self, d: int) -> None:
+        t = self.clock.now
+        self.active_integral += self.active * (t - self._last_t)
+        self._last_t = t
+        self.active += d
+
+    def _start_turn(self, tr: SimTrajectory) -> None:
+        tr.in_env = False
+        k = tr.turn
+        self.next_rid += 1
+        r = Request(self.next_rid, tr.id, tr.ctx, tr.spec.responses[k], meta=tr)
+        self._submit(tr, r, self.clock.now)
+
+    def _submit(self, tr: SimTrajectory, r: Request, t: float) -> None:
+        prefill = self.serving(Role.PREFILL)
+        decode = self.serving(Role.DECODE)
+        if prefill and decode:
+            r.prefill_only = True
+            eng = pick_prefill(prefill, tr.id, tr.pre_home, self.cfg.engine.max_batched_tokens)
+            tr.pre_home = eng
+            # The context lives on the decode worker: fetch it rather than recompute it.
+            held, home = eng.holds(tr.id), tr.home
+            peer = home.holds(tr.id) if home is not None and home.accepting else 0
+            if peer > held and peer > 0:
+                same = self.node_of(eng.devices[0]) == self.node_of(home.devices[0])
+                delay = self.perf.kv_transfer_time(peer - held, same)
+                if delay < self.perf.prefill_time(peer - held, held):
+                    self.clock.at(t + delay, self._fetched, eng, r, peer)
+                    return
+        else:
+            r.prefill_only = False
+            eng = self._decode_target(tr)
+            tr.home = eng
+        eng.submit(r, t)
+
+    def _fetched(self, eng: EmulatedEngine, r: Request, have: int) -> None:
+        tr: SimTrajectory = r.meta
+        if not eng.accepting:
+            self._submit(tr, r, self.clock.now)
+            return
+        eng.submit(r, self.clock.now, have=have)
+
+    def _on_done(self, eng: EmulatedEngine, r: Request, t: float) -> None:
+        tr: SimTrajectory = r.meta
+        tr.min_version = min(tr.min_version, eng.version)
+        if r.prefill_only:  # hand the KV to a decode worker
+            r.prefill_only = False
+            dst = pick_decode(self.serving(Role.DECODE) or self.serving(Role.MIXED), tr.id, tr.home)
+            missing = r.num_tokens - 1 - dst.holds(tr.id)
+            same = self.node_of(eng.devices[0]) == self.node_of(dst.devices[0])
+            self.clock.at(t + self.perf.kv_transfer_time(max(missing, 0), same), self._arrive_decode, tr, r, dst)
+            return
+        tr.generated += r.num_generated
+        tr.ctx = r.num_tokens
+        tr.turn += 1
+        if tr.turn >= tr.spec.turns:
+            self.clock.at(t + tr.spec.env_latency[-1], self._finish_trajectory, tr)  # final reward
+            return
+        tr.in_env = True
+        self.clock.at(t + tr.spec.env_latency[tr.turn - 1], self._env_done, tr)
+
+    def _arrive_decode(self, tr: SimTrajectory, r: Request, dst: EmulatedEngine) -> None:
+        if not dst.accepting:  # the target left while the KV was in flight: resume by recompute
+            dst = self._decode_target(tr)
+            r.num_computed = 0
+            tr.recomputes += 1
+            self.recomputed_tokens += r.num_tokens
+            tr.home = dst
+            dst.submit(r, self.clock.now)
+            return
+        tr.home = dst
+        dst.submit(r, self.clock.now, kv_ready=True)
+
+    def _env_done(self, tr: SimTrajectory) -> None:
+        tr.ctx += tr.spec.observations[tr.turn - 1]
+        self._start_turn(tr)
+
+    def _finish_trajectory(self, tr: SimTrajectory) -> None:
+        tr.t_end = self.clock.now
+        tr.in_env = False
+        for e in (tr.home, tr.pre_home):
+            if e is not None:
+                e.drop_session(tr.id)
+        self._count_active(-1)
+        self.gate.on_finish(1)
+        g = self.groups[tr.spec.group]
+        g.done.append(tr)
+        if len(g.done) == g.n:
+            del self.groups[g.index]
+            self.ready.append(g)
+            self._maybe_train()
+        self._admit()
+
+    # ------------------------------------------------------------------ trainer
+    def _maybe_train(self) -> None:
+        need = self.cfg.rl.prompts_per_batch
+        if self.trainer_busy or len(self.ready) < need:
+            return
+        t = self.clock.now
+        self.ready.sort(key=lambda g: (g.min_version, g.index))  # oldest first: fewest discards
+        batch, keep = [], []
+        for g in self.ready:
+            if len(batch) < need and self.version - g.min_version <= self.cfg.rl.staleness:
+                batch.append(g)
+            elif self.version - g.min_version > self.cfg.rl.staleness:
+                self.discarded += g.n
+                self.gate.on_discard(g.n)
+            else:
+                keep.append(g)
+        self.ready = keep
+        if len(batch) < need:
+            self.ready.extend(batch)
+            self._admit()
+            return
+        self.batch_ready_t.append(t)
+        wait_devices = self.policy.trainer_needs_devices(self, t)  # borrowed devices must come back
+        self.trainer_busy = True
+        self.clock.at(t + wait_devices, self._train_start, batch, t)
+
+    def _train_start(self, batch: list[Group], t_ready: float) -> None:
+        t = self.clock.now
+        self.trainer_device_wait += t - t_ready
+        trajs = [tr for g in batch for tr in g.done]
+        tokens = sum(tr.spec.total_tokens for tr in trajs)
+        n_dev = len(self.train_devices)
+        dur = self.perf.train_step_time(tokens, n_dev, self.cfg.rl.train_mfu) * self.cfg.rl.train_passes
+        idle = t_ready - self.trainer_idle_since
+        for tr in trajs:
+            self.staleness_hist[self.version - tr.min_version] += 1
+        self.steps.append(dict(step=len(self.steps) + 1, t_ready=t_ready, t_start=t, t_end=t + dur,
+                               train_s=dur, trainer_idle_s=idle, device_wait_s=t - t_ready,
+                               trajectories=len(trajs), tokens=tokens,
+                               max_staleness=max(self.version - tr.min_version for tr in trajs)))
+        self.policy.on_train_start(self, t, t + dur)
+        self.clock.at(t + dur, self._train_end, trajs)
+
+    def _train_end(self, trajs: list[SimTrajectory]) -> None:
+        t = self.clock.now
+        self.trained_trajs += len(trajs)
+        self.trained_tokens += sum(tr.spec.total_tokens for tr in trajs)
+        self.version += 1
+        self.trainer_busy = False
+        self.trainer_idle_since = t
+        sync = self.perf.weight_sync_time()
+        for eng in list(self.engines.values()):  # weight push: each worker stalls for the sync
+            eng.pause(t, t + sync, self.version)
+            if self.state.workers[eng.wid].phase is not WorkerPhase.STOPPED:
+                self.state.set_version(t, eng.wid, self.version)
+        self.policy.on_train_end(self, t)
+        self._admit()
+        self._maybe_train()
+
+    # ------------------------------------------------------------------ running
+    def _on_plan(self, eng: EmulatedEngine) -> None:
+        """An engine planned a new segment: queue its end (entries of older plans are ignored)."""
+        self.clock.at(eng.end_t, self._segment_end, eng, eng.gen)
+
+    def _segment_end(self, eng: EmulatedEngine, gen: int) -> None:
+        if gen == eng.gen and eng.wid in self.engines:
+            eng.segment_end(self.clock.now)
+
+    def _done(self) -> bool:
+        m = self.cfg.max_train_steps
+        return m is not None and len(self.steps) >= m and not self.trainer_busy
+
+    def run(self):
+        from pearl.runtime.results import collect
+
+        self.policy.setup(self)
+        self._admit()
+        clock = self.clock
+        until = self.cfg.duration_s
+        heap = clock._heap
+        import heapq
+
+        while True:
+            if not heap or heap[0][0] > until or self._done():
+                break
+            t, _, fn, args = heapq.heappop(heap)
+            clock.now = t
+            fn(*args)
+            clock.events_run += 1
+        clock.now = min(max(clock.now, 0.0), until) if not self._done() else clock.now
+        self._count_active(0)
+        return collect(self)

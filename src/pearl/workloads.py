@@ -1,0 +1,138 @@
+"""Agentic workload profiles and deterministic trajectory sampling.
+
+A profile gives, per trajectory, the distributions of turns, first-prompt tokens, response tokens,
+observation tokens and environment latency (see ../shared/WORKLOADS.md for the grounding of each
+number). Every trajectory is drawn from its own RNG seeded by (scenario seed, trajectory index), so
+two policies simulated on the same seed see exactly the same trajectories.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from pearl.config import Dist, WorkloadConfig
+from pearl.errors import UnknownNameError
+
+Z90 = 1.2815515655446004  # standard normal 90th percentile
+
+
+def _ln(median: float, p90: float, cap: float, lo: float = 1) -> Dist:
+    return Dist(kind="lognormal", median=median, p90=p90, cap=cap, min=lo)
+
+
+# Grounding per profile: WORKLOADS.md table "Workload profiles".
+PROFILES: dict[str, dict[str, Dist | int]] = {
+    # SWE: observation-heavy, long environment waits (commands LN(0.5 s, 10 s); test runs 10-300 s).
+    "swe": dict(turns=_ln(25, 60, 100), prompt_tokens=_ln(1500, 4000, 8000),
+                response_tokens=_ln(250, 1200, 2048), observation_tokens=_ln(600, 4000, 16000),
+                env_latency_s=_ln(2.0, 20.0, 300, lo=0.05), max_context=65536),
+    # Search: observation-heavy (3-5 retrieved passages), short waits, 2-4 turns.
+    "search": dict(turns=Dist(kind="uniform", low=2, high=5, cap=10, min=1),
+                   prompt_tokens=_ln(300, 600, 2000), response_tokens=_ln(300, 1500, 4096),
+                   observation_tokens=_ln(400, 1000, 4000), env_latency_s=_ln(0.3, 1.5, 30, lo=0.01),
+                   max_context=32768),
+    # Game (Sokoban/FrozenLake): short and fast, in-process environment.
+    "game": dict(turns=Dist(kind="uniform", low=2, high=11, cap=10, min=1),
+                 prompt_tokens=_ln(200, 400, 1000), response_tokens=_ln(60, 128, 400),
+                 observation_tokens=_ln(100, 150, 400), env_latency_s=Dist(kind="constant", value=0.001),
+                 max_context=8192),
+    # Math with a code tool: decode-heavy long reasoning, 1 + geometric(mean 2) tool calls.
+    "math-tool": dict(turns=Dist(kind="geometric", mean=3, cap=16, min=1), prompt_tokens=_ln(200, 500, 2000),
+                      response_tokens=_ln(1500, 6000, 16384), observation_tokens=_ln(50, 400, 1024),
+                      env_latency_s=_ln(0.5, 2.0, 30, lo=0.01), max_context=32768),
+    # Web (WebShop/ALFWorld): pages of 300-1500 tokens, short responses.
+    "web": dict(turns=_ln(5, 10, 15), prompt_tokens=_ln(500, 1000, 3000), response_tokens=_ln(80, 256, 1024),
+                observation_tokens=_ln(600, 1500, 4000), env_latency_s=_ln(0.3, 1.0, 10, lo=0.01),
+                max_context=16384),
+}
+
+
+def draw(d: Dist, rng: np.random.Generator, size: int | None = None):
+    """Draw from a Dist, clipped to [min, cap]."""
+    if d.kind == "constant":
+        x = np.full(size, d.value) if size else d.value
+    elif d.kind == "uniform":
+        x = rng.uniform(d.low, d.high, size)
+    elif d.kind == "geometric":
+        x = rng.geometric(1.0 / d.mean, size)
+    else:
+        mu = math.log(d.median)
+        sigma = max(1e-9, (math.log(d.p90) - mu) / Z90)
+        x = rng.lognormal(mu, sigma, size)
+    hi = d.cap if d.cap is not None else np.inf
+    return np.clip(x, d.min, hi) if size else float(min(max(x, d.min), hi))
+
+
+def dist_mean(d: Dist, samples: int = 20000, seed: int = 12345) -> float:
+    """Mean of the clipped distribution (Monte Carlo, deterministic)."""
+    return float(np.mean(draw(d, np.random.default_rng(seed), samples)))
+
+
+@dataclass(frozen=True, slots=True)
+class TrajectorySpec:
+    """What one trajectory will do: token counts and latencies per turn, fixed in advance."""
+
+    index: int
+    group: int
+    prompt_tokens: int
+    responses: tuple[int, ...]  # response tokens per turn
+    observations: tuple[int, ...]  # observation tokens after each turn but the last
+    env_latency: tuple[float, ...]  # environment step latency after each turn
+
+    @property
+    def turns(self) -> int:
+        return len(self.responses)
+
+    @property
+    def total_tokens(self) -> int:
+        return self.prompt_tokens + sum(self.responses) + sum(self.observations)
+
+
+class Workload:
+    """A resolved workload: the profile's distributions with the scenario's overrides."""
+
+    FIELDS = ("turns", "prompt_tokens", "response_tokens", "observation_tokens", "env_latency_s")
+
+    def __init__(self, cfg: WorkloadConfig, seed: int = 0):
+        if cfg.profile not in PROFILES:
+            raise UnknownNameError("workload profile", cfg.profile, list(PROFILES))
+        base = PROFILES[cfg.profile]
+        self.name = cfg.profile
+        self.dists: dict[str, Dist] = {f: getattr(cfg, f) or base[f] for f in self.FIELDS}  # type: ignore[misc]
+        self.scale = cfg.trajectory_response_scale
+        self.max_context = int(cfg.max_context or base["max_context"])
+        self.seed = seed
+        self._means: dict[str, float] | None = None
+
+    def trajectory(self, index: int, group: int, group_prompt_tokens: int | None = None) -> TrajectorySpec:
+        rng = np.random.default_rng([self.seed, 7919, index])
+        d = self.dists
+        prompt = group_prompt_tokens or max(1, int(draw(d["prompt_tokens"], rng)))
+        turns = max(1, int(round(draw(d["turns"], rng))))
+        scale = draw(self.scale, rng) if self.scale else 1.0
+        resp = np.maximum(1, (draw(d["response_tokens"], rng, turns) * scale)).astype(int)
+        obs = np.maximum(1, draw(d["observation_tokens"], rng, turns).astype(int))
+        lat = draw(d["env_latency_s"], rng, turns)
+        # The context limit ends a trajectory early, as in real RL configs.
+        ctx, keep = prompt, 0
+        for k in range(turns):
+            ctx += int(resp[k])
+            keep = k + 1
+            if k + 1 < turns:
+                ctx += int(obs[k])
+            if ctx >= self.max_context:
+                break
+        return TrajectorySpec(index, group, prompt, tuple(int(x) for x in resp[:keep]),
+                              tuple(int(x) for x in obs[:keep - 1]), tuple(float(x) for x in lat[:keep]))
+
+    def group_prompt_tokens(self, group: int) -> int:
+        rng = np.random.default_rng([self.seed, 104729, group])
+        return max(1, int(draw(self.dists["prompt_tokens"], rng)))
+
+    def means(self) -> dict[str, float]:
+        """Mean of each quantity (cached): what a predictor needs before it has observed anything."""
+        if self._means is None:
+            self._means = {f: dist_mean(d) for f, d in self.dists.items()}
+        return self._means

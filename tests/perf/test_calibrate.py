@@ -1,0 +1,131 @@
+"""Calibration: recover known coefficients from synthetic steps, refuse impossible fits, refit online."""
+import random
+
+import pytest
+
+from pearl.errors import CalibrationError
+from pearl.perf import (ModelShape, OnlineCalibrator, PerfCoeffs, PerfModel, StepSample, calibrate, fit,
+                        get_hardware, get_model)
+
+H100 = get_hardware("h100")
+Q8 = get_model("qwen3-8b")
+TRUE = PerfCoeffs(mfu=0.42, bw_eff=0.71, step_overhead_s=0.0031)
+
+
+def synthetic(pm: PerfModel, n: int = 120, seed: int = 0, noise: float = 0.0, kinds=("decode", "prefill", "mixed")):
+    """Steps timed by `pm` itself: decode batches, prefill chunks after some cached context, and mixed
+    (chunked-prefill) steps, with optional multiplicative noise."""
+    rng = random.Random(seed)
+    out = []
+    for i in range(n):
+        kind = kinds[i % len(kinds)]
+        b = rng.randint(1, 256) if kind != "prefill" else 0
+        ctx = sum(rng.randint(100, 16000) for _ in range(b))
+        p = rng.randint(64, 8192) if kind != "decode" else 0
+        attn = p * (rng.randint(0, 16000) + p / 2) if p else 0.0
+        t = pm.step_time(b, ctx, p, attn) * (1 + rng.gauss(0, noise))
+        out.append(StepSample(b, ctx, p, attn, t))
+    return out
+
+
+def assert_close(got: PerfCoeffs, want: PerfCoeffs, rel: float):
+    assert got.mfu == pytest.approx(want.mfu, rel=rel)
+    assert got.bw_eff == pytest.approx(want.bw_eff, rel=rel)
+    assert got.step_overhead_s == pytest.approx(want.step_overhead_s, rel=rel)
+
+
+@pytest.mark.parametrize("model,hw,tp", [("qwen3-8b", "h100", 1), ("qwen3-30b-a3b", "h800", 2),
+                                         ("qwen3-32b", "h20", 4)])
+def test_recovers_known_coefficients(model, hw, tp):
+    m, h = get_model(model), get_hardware(hw)
+    samples = synthetic(PerfModel(m, h, tp, TRUE))
+    cal = fit(samples, m, h, tp)
+    assert_close(cal.coeffs, TRUE, 0.02)
+    assert cal.rel_rmse < 1e-3
+    assert cal.compute_bound >= 5 and cal.memory_bound >= 5  # both sides of the roofline were seen
+
+
+def test_recovers_additive_form_on_cpu():
+    tiny = ModelShape("tiny", num_layers=4, hidden=256, num_q_heads=4, num_kv_heads=2, head_dim=64, ffn=1024,
+                      vocab=4096)
+    cpu = get_hardware("cpu")
+    want = PerfCoeffs(mfu=0.3, bw_eff=0.5, step_overhead_s=0.0005, combine="sum")
+    rng = random.Random(1)
+    pm = PerfModel(tiny, cpu, coeffs=want)
+    samples = []
+    for i in range(40):
+        b, p = rng.randint(0, 16), rng.randint(0, 512) if i % 2 else 0
+        b = b or 1
+        ctx = b * rng.randint(16, 1024)
+        attn = p * (rng.randint(0, 512) + p / 2)
+        samples.append(StepSample(b, ctx, p, attn, pm.step_time(b, ctx, p, attn)))
+    got = calibrate(samples, tiny, cpu, combine="sum")
+    assert got.combine == "sum"
+    assert_close(got, want, 0.02)
+
+
+def test_noisy_samples_still_close():
+    samples = synthetic(PerfModel(Q8, H100, 1, TRUE), n=300, noise=0.02, seed=3)
+    cal = fit(samples, Q8, H100)
+    assert_close(cal.coeffs, TRUE, 0.05)
+    assert 0.01 < cal.rel_rmse < 0.04  # the 2% noise, not more
+
+
+def test_decode_only_keeps_prior_mfu():
+    # Decode never reaches the compute roof, so mfu is only bounded from below: keep the prior.
+    samples = synthetic(PerfModel(Q8, H100, 1, TRUE), kinds=("decode",))
+    got = calibrate(samples, Q8, H100, base=PerfCoeffs(mfu=0.5))
+    assert got.bw_eff == pytest.approx(TRUE.bw_eff, rel=0.02)
+    assert got.step_overhead_s == pytest.approx(TRUE.step_overhead_s, rel=0.02)
+    assert got.mfu == 0.5
+
+
+@pytest.mark.parametrize("bad,field", [(dict(mfu=1.6), "mfu"), (dict(bw_eff=1.4), "bw_eff")])
+def test_refuses_faster_than_hardware(bad, field):
+    samples = synthetic(PerfModel(Q8, H100, 1, PerfCoeffs(**{**dict(mfu=0.4, bw_eff=0.7), **bad})))
+    with pytest.raises(CalibrationError, match=rf"{field} = .* > 1"):
+        calibrate(samples, Q8, H100)
+
+
+def test_refuses_negative_overhead():
+    # Steps timed with 0 overhead, then 6 ms knocked off each: the fit needs overhead = -6 ms.
+    for combine in ("max", "sum"):
+        pm = PerfModel(Q8, H100, 1, PerfCoeffs(step_overhead_s=0.0, combine=combine))
+        shifted = [StepSample(s.n_decode, s.decode_context, s.prefill_tokens, s.prefill_attn, s.seconds - 0.006)
+                   for s in synthetic(pm) if s.seconds > 0.02]
+        with pytest.raises(CalibrationError, match="negative"):
+            calibrate(shifted, Q8, H100, combine=combine)
+
+
+def test_refuses_bad_inputs_and_bad_fits():
+    good = synthetic(PerfModel(Q8, H100, 1, TRUE))
+    with pytest.raises(CalibrationError, match="too few"):
+        calibrate(good[:3], Q8, H100)
+    with pytest.raises(CalibrationError, match="non-positive"):
+        calibrate(good[:10] + [StepSample(8, 800, 0, 0.0, 0.0)], Q8, H100)
+    with pytest.raises(CalibrationError, match="no tokens"):
+        calibrate(good[:10] + [StepSample(0, 0, 0, 0.0, 0.01)], Q8, H100)
+    # Durations unrelated to the work (random between 1 ms and 2 s) cannot be explained.
+    rng = random.Random(7)
+    junk = [StepSample(s.n_decode, s.decode_context, s.prefill_tokens, s.prefill_attn, 10 ** rng.uniform(-3, 0.3))
+            for s in good]
+    with pytest.raises(CalibrationError):
+        calibrate(junk, Q8, H100)
+    with pytest.raises(CalibrationError, match="combine"):
+        calibrate(good, Q8, H100, combine="min")
+
+
+def test_online_calibrator_window_and_fallback():
+    cal = OnlineCalibrator(Q8, H100, window=100, min_samples=20)
+    assert cal.refit() == PerfCoeffs() and "only 0" in cal.last_error  # nothing yet: keep the prior
+    for s in synthetic(PerfModel(Q8, H100, 1, TRUE), n=150):
+        cal.add(s)
+    assert cal.n_samples == 100  # bounded window
+    assert_close(cal.refit(), TRUE, 0.02)
+    assert cal.last_error is None and cal.last_fit.n_samples == 100
+    assert cal.perf_model().coeffs == cal.coeffs
+    # A window of impossible steps (4x faster than the hardware) is refused: the last good fit stays.
+    for s in synthetic(PerfModel(Q8, H100, 1, PerfCoeffs(mfu=2.0, bw_eff=3.0)), n=100, seed=9):
+        cal.add_step(s.n_decode, s.decode_context, s.prefill_tokens, s.prefill_attn, s.seconds)
+    assert_close(cal.refit(), TRUE, 0.02)
+    assert "> 1" in cal.last_error

@@ -1,0 +1,62 @@
+"""Saved performance profiles: round trip and refusal of corrupt files."""
+import json
+from datetime import datetime, timezone
+
+import pytest
+
+from pearl.errors import ConfigError
+from pearl.perf import PROFILE_VERSION, PerfCoeffs, Profile, load_profile, save_profile
+from pearl.perf.calibrate import Calibration
+
+WHEN = datetime(2025, 1, 2, 3, 4, 5, tzinfo=timezone.utc)
+
+
+@pytest.fixture
+def profile():
+    cal = Calibration(PerfCoeffs(mfu=0.41, bw_eff=0.77, step_overhead_s=0.0032), 200, 4e-4, 0.03, 80, 120)
+    return Profile.from_calibration(cal, "qwen3-8b", "h100", 2, fitted_at=WHEN)
+
+
+def test_round_trip(tmp_path, profile):
+    path = save_profile(profile, tmp_path / "sub" / "p.json")
+    back = load_profile(path)
+    assert back == profile
+    raw = json.loads(path.read_text())
+    assert raw["version"] == PROFILE_VERSION and raw["fitted_at"] == "2025-01-02T03:04:05+00:00"
+    assert raw["n_samples"] == 200 and raw["rmse"] == 4e-4 and raw["coeffs"]["mfu"] == 0.41
+    pm = back.perf_model()
+    assert pm.tp == 2 and pm.coeffs.mfu == 0.41 and pm.hw.name == "h100"
+    assert not (tmp_path / "sub" / "p.json.tmp").exists()
+
+
+@pytest.mark.parametrize("mutate,match", [
+    (lambda d: d.update(version=99), "version"),
+    (lambda d: d.pop("hardware"), "hardware"),
+    (lambda d: d.update(tp="two"), "tp"),
+    (lambda d: d.update(tp=0), "tp"),
+    (lambda d: d.update(extra=1), "extra"),
+    (lambda d: d["coeffs"].update(speed=2.0), "coeffs.speed"),
+    (lambda d: d["coeffs"].update(mfu="high"), "coeffs.mfu"),
+    (lambda d: d["coeffs"].update(mfu=-0.5), "coeffs"),
+    (lambda d: d["coeffs"].update(combine="min"), "coeffs"),
+    (lambda d: d.update(fitted_at="yesterday"), "fitted_at"),
+])
+def test_wrong_fields_are_config_errors(tmp_path, profile, mutate, match):
+    d = profile.to_dict()
+    mutate(d)
+    path = tmp_path / "p.json"
+    path.write_text(json.dumps(d))
+    with pytest.raises(ConfigError, match=match):
+        load_profile(path)
+
+
+def test_corrupt_or_missing_file(tmp_path):
+    path = tmp_path / "p.json"
+    path.write_text('{"version": 1, "model": ')
+    with pytest.raises(ConfigError, match="JSON"):
+        load_profile(path)
+    path.write_text("[1, 2, 3]")
+    with pytest.raises(ConfigError, match="object"):
+        load_profile(path)
+    with pytest.raises(ConfigError, match="no such file"):
+        load_profile(tmp_path / "absent.json")
