@@ -37,6 +37,15 @@ class Policy:
     def on_train_end(self, sim: "Simulator", t: float) -> None:
         pass
 
+    def on_devices_added(self, sim: "Simulator", devs: list[int]) -> None:
+        pass
+
+    def on_notice(self, sim: "Simulator", devs: list[int], at: float) -> None:
+        pass
+
+    def on_devices_removed(self, sim: "Simulator", devs: list[int]) -> None:
+        pass
+
     def trainer_needs_devices(self, sim: "Simulator", t: float) -> float:
         """Seconds the trainer must wait for its devices to come back (0: none are lent)."""
         return 0.0
@@ -49,6 +58,6 @@ class FixedPolicy(Policy):
 def make_policy(cfg: PolicyConfig) -> Policy:
     if cfg.name in ("fixed", "static-pd"):
         return FixedPolicy(cfg)
-    from pearl.control.policies import make_controller_policy  # the controller-driven policies
+    from pearl.runtime.controlled import make_controlled_policy  # the controller-driven policies
 
-    return make_controller_policy(cfg)
+    return make_controlled_policy(cfg)

@@ -124,6 +124,50 @@ class Simulator:
         return sum(((e.stopped_t if e.stopped_t is not None else T) - e.started_t)
                    for e in self.all_engines if e.role is not Role.PREFILL)
 
+    # ------------------------------------------------------------------ elastic devices
+    def _elastic_add(self, b) -> None:
+        t = self.clock.now
+        node = self.next_node
+        self.next_node += 1
+        devs = [self.state.add_device(t, Pool.ELASTIC, node=node) for _ in range(b.count)]
+        for d in devs:
+            self.device_time[d] = [t, None]
+        if b.notice_s is not None:
+            self.clock.at(max(t, b.t_remove - b.notice_s), self._elastic_notice, devs, b.t_remove)
+        self.clock.at(b.t_remove, self._elastic_remove, devs, b.notice_s is None)
+        self.policy.on_devices_added(self, devs)
+
+    def _elastic_notice(self, devs: list[int], at: float) -> None:
+        for d in devs:
+            if self.state.devices[d].status is not DeviceStatus.GONE:
+                self.state.notice(self.clock.now, d, at)
+        self.policy.on_notice(self, devs, at)
+
+    def _elastic_remove(self, devs: list[int], abrupt: bool) -> None:
+        t = self.clock.now
+        for d in devs:
+            wid = self.state.devices[d].worker
+            eng = self.engines.get(wid) if wid is not None else None
+            if eng is not None:  # abrupt loss: the KV is gone, requests resume from their tokens
+                self.stop_worker(eng, migrate=False)
+        for d in devs:
+            self.state.remove_device(t, d, abrupt)
+            self.device_time[d][1] = t
+        self.policy.on_devices_removed(self, devs)
+
+    def workers_on(self, devs) -> list[EmulatedEngine]:
+        ds = set(devs)
+        return [e for e in self.engines.values() if ds.intersection(e.devices)]
+
+    # ------------------------------------------------------------------ lending
+    def lend(self, devs: list[int], deadline: float) -> None:
+        for d in devs:
+            self.state.lend(self.clock.now, d, deadline)
+
+    def reclaim(self, devs: list[int]) -> None:
+        for d in devs:
+            self.state.reclaim(self.clock.now, d)
+
     def node_of(self, dev: int) -> int:
         return self.state.devices[dev].node
 
@@ -344,6 +388,7 @@ class Simulator:
 
     def _train_start(self, batch: list[Group], t_ready: float) -> None:
         t = self.clock.now
+        self.state.set_training(t, self.train_devices, True)  # raises if a lent device is still out
         self.trainer_device_wait += t - t_ready
         trajs = [tr for g in batch for tr in g.done]
         tokens = sum(tr.spec.total_tokens for tr in trajs)
@@ -366,6 +411,7 @@ class Simulator:
         self.version += 1
         self.trainer_busy = False
         self.trainer_idle_since = t
+        self.state.set_training(t, self.train_devices, False)
         sync = self.perf.weight_sync_time()
         for eng in list(self.engines.values()):  # weight push: each worker stalls for the sync
             eng.pause(t, t + sync, self.version)
@@ -391,7 +437,11 @@ class Simulator:
     def run(self):
         from pearl.runtime.results import collect
 
+        from pearl.runtime.elastic import trace
+
         self.policy.setup(self)
+        for b in trace(self.cfg.cluster.elastic, self.cfg.duration_s, self.cfg.seed):
+            self.clock.at(b.t_add, self._elastic_add, b)
         self._admit()
         clock = self.clock
         until = self.cfg.duration_s

@@ -1,0 +1,144 @@
+"""The `pearl` command line: simulate a cluster, ask for a plan, train an agent, calibrate a profile.
+
+Every user error (a bad config field, an unknown model, a missing file) is a one-line message on
+stderr and exit code 2, never a traceback.
+"""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any, Optional
+
+import typer
+import yaml
+from rich.console import Console
+from rich.table import Table
+
+from pearl.errors import ConfigError, PearlError
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+                  help="PEARL: adaptive prefill-decode execution with elasticity for agentic RL.")
+out = Console()
+err = Console(stderr=True)
+
+
+def _parse_sets(sets: list[str]) -> dict[str, Any]:
+    """`--set a.b=3` overrides, values parsed as YAML scalars."""
+    tree: dict[str, Any] = {}
+    for item in sets:
+        if "=" not in item:
+            raise ConfigError(f"--set expects key=value, got {item!r}")
+        key, val = item.split("=", 1)
+        node = tree
+        parts = key.strip().split(".")
+        for p in parts[:-1]:
+            node = node.setdefault(p, {})
+        node[parts[-1]] = yaml.safe_load(val)
+    return tree
+
+
+@app.command()
+def simulate(
+    scenario: Path = typer.Argument(..., help="Scenario YAML (see scenarios/)."),
+    policy: Optional[str] = typer.Option(None, help="Override policy.name: fixed, static-pd, pearl, rlboost+, roll-partial."),
+    seed: Optional[int] = typer.Option(None, help="Override the scenario's seed."),
+    duration: Optional[float] = typer.Option(None, help="Override duration_s (virtual seconds)."),
+    set_: list[str] = typer.Option([], "--set", help="Override any field: --set rl.staleness=2 (repeatable)."),
+    output: Optional[Path] = typer.Option(None, "--out", help="Result JSON path (default runs/<name>-<policy>-s<seed>.json)."),
+) -> None:
+    """Run a scenario in virtual time and print/save throughput, utilisation, concurrency, staleness."""
+    from pearl.config import ScenarioConfig, load_config
+    from pearl.runtime.results import save
+    from pearl.runtime.sim import Simulator
+
+    over = _parse_sets(set_)
+    if policy:
+        over.setdefault("policy", {})["name"] = policy
+    if seed is not None:
+        over["seed"] = seed
+    if duration is not None:
+        over["duration_s"] = duration
+    cfg = load_config(scenario, ScenarioConfig, over)
+    with out.status(f"simulating {cfg.name} ({cfg.policy.name}, {cfg.duration_s:.0f} virtual s)"):
+        res = Simulator(cfg).run()
+    path = save(res, output or Path("runs") / f"{cfg.name}-{cfg.policy.name}-s{cfg.seed}.json")
+    _print_result(res)
+    out.print(f"saved {path}")
+
+
+def _print_result(r: dict[str, Any]) -> None:
+    t = Table(title=f"{r['scenario']} · policy {r['policy']} · seed {r['seed']}", show_header=False)
+    thr = r["throughput"]
+    rows = [
+        ("trajectories/s (steady state)", f"{thr['trajectories_per_s']:.4f}"),
+        ("tokens/s (steady state)", f"{thr['tokens_per_s']:.0f}"),
+        ("train steps", str(r["train_steps"])),
+        ("trained / discarded (stale)", f"{r['trained_trajectories']} / {r['discarded_stale']}"),
+        ("trainer wait for batch / devices (s)", f"{r['trainer']['wait_for_batch_s']:.1f} / {r['trainer']['wait_for_devices_s']:.2f}"),
+        ("utilisation by pool", ", ".join(f"{k} {v:.0%}" for k, v in r["utilisation"]["by_pool"].items())),
+        ("decode concurrency / active trajectories",
+         f"{r['decode_concurrency']['per_decode_worker']:.1f} / {r['decode_concurrency']['active_trajectories']:.1f}"),
+        ("staleness histogram", str(r["staleness_histogram"])),
+        ("switches / migrated requests", f"{r['reconfiguration']['switches']} / {r['reconfiguration']['migrated_requests']}"),
+        ("final layout", r["layout_final"]),
+    ]
+    if r["rollout_s_per_step"]:
+        xs = r["rollout_s_per_step"]
+        rows.insert(3, ("rollout s per step (mean)", f"{sum(xs) / len(xs):.1f}"))
+    for k, v in rows:
+        t.add_row(k, v)
+    out.print(t)
+
+
+@app.command()
+def plan(
+    model: str = typer.Option("qwen3-8b", help="Catalogue name or path to a Hugging Face config.json."),
+    hardware: str = typer.Option("h800", help="h100, h800, h200, h20, a100, cpu."),
+    devices: int = typer.Option(16, min=1, help="Rollout device budget."),
+    workload: str = typer.Option("swe", help="Workload profile: swe, search, game, math-tool, web."),
+    batch: int = typer.Option(256, min=1, help="Trajectories in the rollout batch."),
+    tp: str = typer.Option("1", help="Tensor-parallel sizes to consider, comma-separated (e.g. 1,2,4)."),
+    top: int = typer.Option(10, min=1, help="Rows to show."),
+) -> None:
+    """Which PD mode and ratio for this model, hardware, budget and workload? A ranked table."""
+    from pearl.control.advisor import advise
+
+    try:
+        tps = tuple(int(x) for x in tp.split(","))
+    except ValueError:
+        raise ConfigError(f"--tp: expected comma-separated integers, got {tp!r}") from None
+    ranked, elapsed = advise(model, hardware, devices, workload, batch, tps)
+    t = Table(title=f"{model} on {devices}× {hardware}, {workload}, batch {batch}  ({elapsed * 1e3:.1f} ms)")
+    for c in ("rank", "layout", "batch time (s)", "tokens/s", "decode conc.", "bottleneck"):
+        t.add_column(c)
+    for i, (shape, p) in enumerate(ranked[:top], 1):
+        t.add_row(str(i), str(shape), f"{p.completion_s:.1f}", f"{p.tokens_per_s:.0f}",
+                  f"{p.decode_concurrency:.1f}", p.bottleneck)
+    out.print(t)
+
+
+@app.command()
+def train(
+    config: Optional[Path] = typer.Argument(None, help="Training YAML (default: the embedded tiny model on a built-in environment)."),
+    set_: list[str] = typer.Option([], "--set", help="Override any field: --set max_steps=20 (repeatable)."),
+    output: Optional[Path] = typer.Option(None, "--out", help="Run directory (default runs/train-<name>)."),
+) -> None:
+    """Train an agent for real (torch engines + GRPO trainer) with the PEARL rollout stack."""
+    from pearl.runtime.real import run_training
+
+    run_training(config, _parse_sets(set_), output, out)
+
+
+def main() -> None:
+    try:
+        app()
+    except PearlError as e:
+        err.print(f"[bold red]error:[/] {e}", highlight=False)
+        sys.exit(e.exit_code)
+    except KeyboardInterrupt:
+        err.print("interrupted")
+        sys.exit(130)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,221 @@
+"""`GRPOTrainer`: one optimizer update per rollout batch of `Trajectory`s, and versioned weights.
+
+The trainer owns the model, the optimizer and the policy version. `step(trajectories)`:
+
+1. drops failed trajectories (the run goes on without them) and computes group-normalised
+   advantages over the rest (`pearl.rl.grpo.group_advantages`);
+2. packs them into right-padded micro-batches; with right padding and a causal model, padding can
+   only follow a sequence, so no attention mask or position offsets are needed and any module that
+   maps token ids [B, T] to logits [B, T, V] (or an HF output with `.logits`) works;
+3. recomputes the log-probs with one forward pass per micro-batch, applies the token-mean clipped
+   loss against the behaviour log-probs with the batch-wide token count as denominator (so the
+   summed micro-batch gradients equal the full-batch gradient), clips the gradient norm, steps AdamW;
+4. increments `version` and returns metrics.
+
+It does not decide staleness (admission control does), push weights (the runtime does, from
+`state_dict_snapshot()`), or measure time (the runtime does).
+"""
+from __future__ import annotations
+
+import copy
+import math
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import torch
+from pydantic import Field, model_validator
+from torch import Tensor, nn
+
+from pearl.config import Frozen, parse_config
+from pearl.rl.grpo import group_advantages, policy_loss, token_logprobs
+from pearl.rl.trajectory import Status, Trajectory
+
+
+class TrainerConfig(Frozen):
+    lr: float = Field(default=1e-6, gt=0)
+    betas: tuple[float, float] = (0.9, 0.999)
+    eps: float = Field(default=1e-8, gt=0)  # AdamW's epsilon
+    weight_decay: float = Field(default=0.0, ge=0)
+    clip_eps_low: float = Field(default=0.2, ge=0, lt=1)
+    clip_eps_high: float = Field(default=0.28, ge=0)  # DAPO's clip-higher keeps exploration alive
+    max_is_weight: float | None = Field(default=None, gt=1)  # dual-clip cap for stale tokens
+    kl_coef: float = Field(default=0.0, ge=0)  # > 0 keeps a frozen copy of the initial model
+    max_grad_norm: float | None = Field(default=1.0, gt=0)
+    micro_batch_size: int = Field(default=8, ge=1)  # sequences per forward/backward pass
+    normalize_std: bool = True
+    adv_eps: float = Field(default=1e-6, gt=0)
+    pad_token_id: int = Field(default=0, ge=0)
+
+    @model_validator(mode="after")
+    def _check(self) -> "TrainerConfig":
+        for b in self.betas:
+            if not 0 <= b < 1:
+                raise ValueError(f"betas must be in [0, 1), got {self.betas}")
+        if self.max_is_weight is not None and self.max_is_weight <= 1 + self.clip_eps_high:
+            raise ValueError(f"max_is_weight ({self.max_is_weight}) must exceed 1 + clip_eps_high "
+                             f"({1 + self.clip_eps_high})")
+        return self
+
+    @classmethod
+    def parse(cls, data: dict[str, Any] | None, what: str = "trainer") -> "TrainerConfig":
+        """Validate user input; a bad field becomes a one-line `ConfigError` naming it."""
+        return parse_config(data, cls, what)
+
+
+@dataclass
+class Batch:
+    """Right-padded tensors for a list of trajectories (one row each)."""
+
+    input_ids: Tensor  # [B, T] long
+    loss_mask: Tensor  # [B, T] float, 0 on padding
+    behav_logprobs: Tensor  # [B, T] float
+    versions: Tensor  # [B, T] long, -1 on masked tokens and padding
+    advantages: Tensor  # [B] float
+    lengths: Tensor  # [B] long
+
+
+def build_batch(trajectories: Sequence[Trajectory], advantages: Tensor, pad_token_id: int = 0) -> Batch:
+    if not trajectories:
+        raise ValueError("build_batch needs at least one trajectory")
+    lengths = [len(t) for t in trajectories]
+    b, width = len(trajectories), max(lengths)
+    ids = torch.full((b, width), pad_token_id, dtype=torch.long)
+    mask = torch.zeros((b, width), dtype=torch.float32)
+    behav = torch.zeros((b, width), dtype=torch.float32)
+    versions = torch.full((b, width), -1, dtype=torch.long)
+    for i, t in enumerate(trajectories):
+        n = lengths[i]
+        ids[i, :n] = torch.tensor(t.token_ids, dtype=torch.long)
+        mask[i, :n] = torch.tensor(t.loss_mask, dtype=torch.float32)
+        behav[i, :n] = torch.tensor(t.logprobs, dtype=torch.float32)
+        versions[i, :n] = torch.tensor(t.versions, dtype=torch.long)
+    return Batch(ids, mask, behav, versions, advantages.float(), torch.tensor(lengths))
+
+
+def forward_logits(model: nn.Module, input_ids: Tensor) -> Tensor:
+    """Logits [B, T, V] from an HF causal LM or from a module returning logits directly."""
+    cfg = getattr(model, "config", None)
+    if cfg is not None and hasattr(cfg, "use_cache"):
+        out = model(input_ids=input_ids, use_cache=False)  # an HF model: no KV cache for training
+    else:
+        out = model(input_ids)
+    return out.logits if hasattr(out, "logits") else out
+
+
+class GRPOTrainer:
+    def __init__(self, model: nn.Module, config: TrainerConfig | None = None, *,
+                 ref_model: nn.Module | None = None, allowed_token_ids: Sequence[int] | None = None,
+                 version: int = 0):
+        """`allowed_token_ids`: score model tokens over this sub-vocabulary only (an engine that
+        samples from a fixed action set must report log-probs over the same set)."""
+        self.model = model
+        self.config = config or TrainerConfig()
+        self.version = version
+        c = self.config
+        self.params = [p for p in model.parameters() if p.requires_grad]
+        if not self.params:
+            raise ValueError("the model has no trainable parameters")
+        self.device = self.params[0].device
+        self.optimizer = torch.optim.AdamW(self.params, lr=c.lr, betas=c.betas, eps=c.eps,
+                                           weight_decay=c.weight_decay)
+        self.ref_model = None
+        if c.kl_coef > 0:
+            self.ref_model = ref_model if ref_model is not None else copy.deepcopy(model)
+            self.ref_model.eval()
+            for p in self.ref_model.parameters():
+                p.requires_grad_(False)
+        self.allowed = None
+        if allowed_token_ids is not None:
+            self.allowed = torch.tensor(sorted(set(int(i) for i in allowed_token_ids)),
+                                        dtype=torch.long, device=self.device)
+
+    # ------------------------------------------------------------ scoring
+    def logprobs(self, input_ids: Tensor, model: nn.Module | None = None) -> Tensor:
+        logits = forward_logits(model or self.model, input_ids.to(self.device))
+        return token_logprobs(logits, input_ids.to(self.device), self.allowed)
+
+    # ------------------------------------------------------------ one update
+    def step(self, trajectories: Sequence[Trajectory]) -> dict[str, Any]:
+        c = self.config
+        running = [t.id for t in trajectories if t.status is Status.RUNNING]
+        if running:
+            raise ValueError(f"trajectories still running (call finish() or fail()): {running[:5]}")
+        good = [t for t in trajectories if t.ok]
+        n_failed = len(trajectories) - len(good)
+        if not good:
+            raise ValueError(f"no usable trajectories in a batch of {len(trajectories)} (all failed)")
+        rewards = torch.tensor([t.reward for t in good], dtype=torch.float64)
+        adv = group_advantages(rewards, torch.tensor([t.group_id for t in good]),
+                               normalize_std=c.normalize_std, eps=c.adv_eps)
+        total_tokens = sum(t.num_model_tokens for t in good)
+        # A zero-advantage sample contributes nothing but its tokens to the denominator when there
+        # is no KL term, so skip its forward/backward (DAPO's groups where every sample agreed).
+        work = [i for i in range(len(good)) if c.kl_coef > 0 or adv[i] != 0]
+        stale = [self.version - v for t in good for v, m in zip(t.versions, t.loss_mask) if m]
+
+        self.model.train()
+        self.optimizer.zero_grad(set_to_none=True)
+        loss_sum = ratio_sum = kl_sum = 0.0
+        scored = clipped = capped = 0
+        for start in range(0, len(work), c.micro_batch_size):
+            idx = work[start:start + c.micro_batch_size]
+            batch = build_batch([good[i] for i in idx], adv[idx], c.pad_token_id)
+            mask = batch.loss_mask.to(self.device)
+            logp = self.logprobs(batch.input_ids)
+            ref = None
+            if self.ref_model is not None:
+                with torch.no_grad():
+                    ref = self.logprobs(batch.input_ids, self.ref_model)
+            loss, st = policy_loss(logp, batch.behav_logprobs.to(self.device),
+                                   batch.advantages.to(self.device), mask,
+                                   clip_eps_low=c.clip_eps_low, clip_eps_high=c.clip_eps_high,
+                                   max_is_weight=c.max_is_weight, ref_logp=ref, kl_coef=c.kl_coef,
+                                   denominator=total_tokens)
+            loss.backward()
+            loss_sum += float(loss.detach())
+            scored += st.tokens
+            ratio_sum += st.ratio_sum
+            clipped += st.clipped
+            capped += st.capped
+            kl_sum += st.kl_sum
+
+        grad_norm = self._grad_norm()
+        skipped = not math.isfinite(grad_norm)
+        if skipped:  # a NaN/inf gradient would poison the weights: drop this update, keep the version
+            self.optimizer.zero_grad(set_to_none=True)
+        else:
+            if c.max_grad_norm is not None:
+                torch.nn.utils.clip_grad_norm_(self.params, c.max_grad_norm)
+            self.optimizer.step()
+            self.optimizer.zero_grad(set_to_none=True)
+            self.version += 1
+        return {
+            "version": self.version,
+            "loss": loss_sum,
+            "grad_norm": grad_norm,
+            "skipped": skipped,
+            "clip_fraction": clipped / max(scored, 1),
+            "capped_fraction": capped / max(scored, 1),
+            "ratio_mean": ratio_sum / scored if scored else 1.0,
+            "kl": kl_sum / max(scored, 1),
+            "reward_mean": float(rewards.mean()),
+            "reward_std": float(rewards.std(unbiased=False)),
+            "adv_abs_mean": float(adv.abs().mean()),
+            "tokens": total_tokens,
+            "tokens_scored": scored,
+            "trajectories": len(good),
+            "failed": n_failed,
+            "staleness_mean": sum(stale) / len(stale) if stale else 0.0,
+            "staleness_max": max(stale) if stale else 0,
+        }
+
+    def _grad_norm(self) -> float:
+        grads = [p.grad.detach().float().norm() for p in self.params if p.grad is not None]
+        if not grads:
+            return 0.0
+        return float(torch.linalg.vector_norm(torch.stack(grads)))
+
+    # ------------------------------------------------------------ weights for the engines
+    def state_dict_snapshot(self) -> dict[str, Tensor]:
+        """A detached CPU copy of the weights (safe to hand to engines while training goes on)."""
+        return {k: v.detach().to("cpu", copy=True) for k, v in self.model.state_dict().items()}

@@ -1,0 +1,186 @@
+"""The multi-turn, token-in/token-out agent loop over real `TorchEngine`s (one rollout thread).
+
+`AgentLoop` owns its engines (they are single-threaded) and the episodes in flight:
+
+- a group is `group_size` episodes of one environment seed; each episode is a `Trajectory` whose
+  prompt is the chat template applied **once** (system prompt + first observation);
+- each model turn is one engine request over the whole context (session = trajectory id, so the
+  engine reuses the KV of earlier turns and prefills only the new tokens); its tokens are stored as
+  sampled, with the engine's behaviour log-probs and per-token policy versions;
+- the environment's reply is appended as masked tokens (turn-end glue + the next user turn);
+- an environment that raises or times out (`EnvRunner`) fails the trajectory with its reason; the
+  engine session is dropped either way. A finished group (ok or failed members) is handed back.
+
+Layouts: `colocated` (every worker `mixed`, episodes spread round-robin) or `1P:1D` (worker 0
+prefills, the others decode; a request whose prefill ends with a hand-off continues on a decode
+worker with the KV blob). Weights arrive through `offer_weights`, applied between engine steps.
+"""
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from pearl.envs import EnvRunner
+from pearl.errors import EnvironmentFailure
+from pearl.real.engine import Output, TorchEngine
+from pearl.real.sampling import SamplingParams
+from pearl.rl.trajectory import Trajectory
+
+
+@dataclass
+class Group:
+    gid: int
+    seed: int
+    trajs: list[Trajectory] = field(default_factory=list)
+    pending: int = 0
+
+
+@dataclass
+class Episode:
+    traj: Trajectory
+    runner: EnvRunner
+    group: Group
+    engine: int  # index of the engine holding its session (prefill engine under 1P:1D)
+
+
+class AgentLoop:
+    def __init__(self, engines: list[TorchEngine], layout: str, make_env: Callable[[], Any],
+                 sampling: SamplingParams, group_size: int, env_timeout_s: float | None,
+                 use_system_prompt: bool = True):
+        self.engines, self.layout = engines, layout
+        self.make_env, self.params, self.group_size = make_env, sampling, group_size
+        self.env_timeout_s, self.use_system_prompt = env_timeout_s, use_system_prompt
+        self.tok = engines[0].tokenizer
+        self.episodes: dict[str, Episode] = {}
+        self._pending_weights: tuple[dict, int] | None = None
+        self._lock = threading.Lock()
+        self._rr = 0
+        self._turn_end = self._glue()
+        self.tokens_generated = 0
+        self.tokens_env = 0
+
+    # ------------------------------------------------------------ weights (called from the trainer thread)
+    def offer_weights(self, state_dict: dict, version: int) -> None:
+        with self._lock:  # the newest snapshot wins; older ones are never loaded
+            self._pending_weights = (state_dict, version)
+
+    def _apply_weights(self) -> None:
+        with self._lock:
+            pending, self._pending_weights = self._pending_weights, None
+        if pending is not None:
+            for e in self.engines:
+                e.update_weights(*pending)
+
+    @property
+    def version(self) -> int:
+        return self.engines[0].version
+
+    # ------------------------------------------------------------ episodes
+    def _glue(self) -> list[int]:
+        """Tokens closing an assistant turn: the stop token (when the response did not sample one)
+        and the template's newline; the next user turn comes from `tokenizer.chat`."""
+        return list(self.tok.encode("\n"))
+
+    def start_group(self, gid: int, seed: int) -> list[Group]:
+        """Admit one group; returns it at once if every episode failed already at reset."""
+        done: list[Group] = []
+        group = Group(gid, seed, pending=self.group_size)
+        for i in range(self.group_size):
+            t = Trajectory(id=f"g{gid}-{i}", group_id=gid, sample_index=i, start_version=self.version,
+                           info={"seed": seed})
+            group.trajs.append(t)
+            runner = EnvRunner(self.make_env(), timeout_s=self.env_timeout_s)
+            ep = Episode(t, runner, group, self._pick_engine())
+            self.episodes[t.id] = ep
+            try:
+                obs = runner.reset(seed)
+            except EnvironmentFailure as err:
+                done += self._fail(ep, str(err))
+                continue
+            msgs = []
+            system = getattr(runner.env, "system_prompt", "")
+            if self.use_system_prompt and system:
+                msgs.append({"role": "system", "content": system})
+            msgs.append({"role": "user", "content": obs})
+            t.append_prompt(self.tok.chat(msgs))
+            self._submit(ep)
+        return done
+
+    def _pick_engine(self) -> int:
+        if self.layout == "1P:1D":
+            return 0
+        self._rr = (self._rr + 1) % len(self.engines)
+        return self._rr
+
+    def _submit(self, ep: Episode, kv: Any = None, engine: int | None = None) -> None:
+        t = ep.traj
+        e = self.engines[ep.engine if engine is None else engine]
+        e.add_request(t.token_ids, self.params, session=t.id, rid=f"{t.id}:{t.turns}", kv=kv)
+
+    # ------------------------------------------------------------ one pass of the loop
+    def has_work(self) -> bool:
+        return any(e.has_work() for e in self.engines)
+
+    def step(self) -> list[Group]:
+        """Apply pending weights, run one step on every engine with work, advance the episodes
+        whose turn finished; return the groups that completed."""
+        self._apply_weights()
+        done: list[Group] = []
+        for idx, e in enumerate(self.engines):
+            if not e.has_work():
+                continue
+            for out in e.step():
+                done += self._on_output(idx, out)
+        return done
+
+    def _on_output(self, idx: int, out: Output) -> list[Group]:
+        tid = out.req.session
+        ep = self.episodes[tid]
+        if out.finish_reason == "prefill":  # 1P:1D hand-off: continue on a decode worker with the KV
+            target = 1 + hash(tid) % (len(self.engines) - 1)
+            self.engines[target].submit(out.req, self.params, kv=out.kv)
+            return []
+        t = ep.traj
+        toks = out.token_ids
+        t.append_model(toks, out.logprobs, out.versions)
+        self.tokens_generated += len(toks)
+        text = self.tok.decode(toks)
+        try:
+            res = ep.runner.step(text)
+        except EnvironmentFailure as err:
+            return self._fail(ep, str(err))
+        t.add_reward(res.reward)
+        if res.done:
+            t.info.update({k: v for k, v in res.info.items() if isinstance(v, (str, int, float, bool))})
+            t.finish()
+            return self._close(ep)
+        glue = [] if toks[-1] in self.tok.stop_token_ids else [self.tok.eos_token_id]
+        nxt = glue + self._turn_end + self.tok.chat([{"role": "user", "content": res.observation}])
+        t.append_env(nxt)
+        self.tokens_env += len(nxt)
+        self._submit(ep)
+        return []
+
+    def _drop(self, tid: str) -> None:
+        """The episode ended: free its retained KV wherever it is held."""
+        for e in self.engines:
+            if e.holds(tid):
+                e.drop_session(tid)
+
+    def _fail(self, ep: Episode, reason: str) -> list[Group]:
+        ep.traj.fail(reason)
+        return self._close(ep)
+
+    def _close(self, ep: Episode) -> list[Group]:
+        self._drop(ep.traj.id)
+        self.episodes.pop(ep.traj.id, None)
+        ep.group.pending -= 1
+        return [ep.group] if ep.group.pending == 0 else []
+
+    def engine_stats(self) -> dict[str, float]:
+        s = [e.stats for e in self.engines]
+        return {"engine_busy_s": sum(x.busy_s for x in s), "engine_steps": sum(x.steps for x in s),
+                "tokens_prefilled": sum(x.tokens_prefilled for x in s),
+                "tokens_decoded": sum(x.tokens_decoded for x in s),
+                "tokens_reused": sum(x.tokens_reused for x in s)}

@@ -1,0 +1,264 @@
+"""Controller-driven policies in the simulator: PEARL, its ablations, and the elastic baselines.
+
+This is the thin shell around the pure controller pieces in `pearl.control` (predictor, selector,
+planner, switching gate, borrow planner): it turns simulator state into their inputs, records every
+decision with its reason, and executes the chosen plan through the simulator's actuators.
+
+- `pearl`: PD mode + ratio chosen by the predictor over the whole budget (rollout + elastic + lent
+  train devices), incremental make-before-break plans, cost-aware switching, borrowing with timely
+  return (token-level migration), elastic devices absorbed (migrate on notice, resume on loss).
+  Ablation flags in `PolicyConfig`: adapt_pd, borrow, elastic, cost_aware, incremental.
+- `rlboost+`: elastic devices + borrowing with migration, fixed colocated PD, no cost model.
+- `roll-partial`: borrow the trainer's devices every step; give them back by aborting (recompute).
+"""
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING
+
+from pearl.config import PolicyConfig
+from pearl.control.borrowing import BorrowPlanner
+from pearl.control.planner import (DeviceView, StepKind, TransitionCosts, WorkerView, plan_full_restart,
+                                   plan_transition)
+from pearl.control.predictor import BatchState, WorkloadStats, predict_many
+from pearl.control.selector import candidates
+from pearl.control.switching import SwitchGate
+from pearl.runtime.policies import Policy
+from pearl.types import DeviceStatus, LayoutShape, Mode, Pool, Role
+
+if TYPE_CHECKING:
+    from pearl.runtime.sim import Simulator
+
+WAKE_S = 2.0  # wake an inference engine whose weights are already in the device's memory
+
+
+class ControlledPolicy(Policy):
+    name = "pearl"
+    adapt_pd = True
+    cost_model = True
+    return_migrate = True
+
+    def __init__(self, cfg: PolicyConfig):
+        super().__init__(cfg)
+        self.gate = SwitchGate.from_policy(cfg)
+        self.borrower = BorrowPlanner.from_policy(cfg)
+        self.last_switch: float | None = None
+        self.lent: list[int] = []
+        self.return_at: float | None = None
+
+    # ------------------------------------------------------------------ hooks
+    def setup(self, sim: "Simulator") -> None:
+        super().setup(sim)
+        self.stats = WorkloadStats.from_workload(sim.workload)
+        self.batch = BatchState.fresh(sim.batch_trajs)
+        self.costs = TransitionCosts(
+            flip_s=0.05, migrate_request_s=sim.perf.kv_transfer_time(8192, False),
+            start_s=sim.perf.weight_transfer_time("peer") + WAKE_S, stop_s=0.5)
+        sim.clock.at(self.cfg.decision_interval_s, self._tick, sim)
+
+    def _tick(self, sim: "Simulator") -> None:
+        self.decide(sim, "periodic")
+        sim.clock.at(sim.clock.now + self.cfg.decision_interval_s, self._tick, sim)
+
+    def on_devices_added(self, sim, devs) -> None:
+        if self.cfg.elastic:
+            self.decide(sim, f"{len(devs)} elastic devices arrived")
+
+    def on_notice(self, sim, devs, at) -> None:
+        for eng in sim.workers_on(devs):  # move requests off before the device goes (token-level + KV)
+            sim.stop_worker(eng, migrate=True)
+        self.decide(sim, f"revocation notice for {len(devs)} devices at t={at:.0f}")
+
+    def on_devices_removed(self, sim, devs) -> None:
+        self.decide(sim, f"{len(devs)} elastic devices gone")
+
+    # ------------------------------------------------------------------ the budget
+    def _usable_free(self, sim: "Simulator") -> list[DeviceView]:
+        out = []
+        for d in sim.state.devices.values():
+            if d.status is not DeviceStatus.FREE or d.notice_at is not None:
+                continue
+            if d.pool is Pool.ELASTIC and not self.cfg.elastic:
+                continue
+            transient = d.pool is not Pool.ROLLOUT
+            out.append(DeviceView(d.id, d.pool, d.node, transient))
+        return out
+
+    def _workers(self, sim: "Simulator") -> list[WorkerView]:
+        out = []
+        for e in sim.engines.values():
+            if not e.accepting and sim.state.workers[e.wid].phase.value != "loading":
+                continue
+            pools = {sim.state.devices[d].pool for d in e.devices}
+            out.append(WorkerView(e.wid, e.devices, e.role, pools != {Pool.ROLLOUT}, e.load(),
+                                  e.kv_used()))
+        return out
+
+    # ------------------------------------------------------------------ deciding
+    def _shapes(self, n_workers: int, tp: int) -> list[LayoutShape]:
+        if not self.adapt_pd or n_workers < 2:
+            return [LayoutShape.colocated(n_workers, tp)]
+        return [s for s in candidates(n_workers * tp, (tp,))]
+
+    def decide(self, sim: "Simulator", why: str) -> None:
+        t = sim.clock.now
+        tp = sim.cfg.engine.tp
+        workers = self._workers(sim)
+        free = self._usable_free(sim)
+        n_workers = (sum(len(w.devices) for w in workers) + len(free)) // tp
+        if n_workers < 1:
+            return
+        cur = sim.state.shape()
+        shapes = self._shapes(n_workers, tp)
+        valid_cur = cur.n_workers > 0 and (cur.n_mixed + cur.n_decode) > 0 and \
+            (cur.mode is Mode.COLOCATED or cur.n_prefill > 0)
+        allp = predict_many(shapes + ([cur] if valid_cur else []), [sim.perf] * (len(shapes) + valid_cur),
+                            sim.cfg.engine, self.stats, self.batch, sim.cfg.cluster.devices_per_node)
+        cur_s = allp[-1].completion_s if valid_cur else math.inf
+        ranked = sorted(zip(shapes, allp[:len(shapes)]), key=lambda x: x[1].completion_s)
+        best_shape, best_pred = ranked[0]
+        if best_shape == cur and not free:
+            self._record(sim, why, ranked, cur, cur_s, None, "keep: the current layout is the best")
+            return
+        plan_fn = plan_transition if self.cfg.incremental else plan_full_restart
+        try:
+            plan = plan_fn(workers, free, best_shape, self.costs)
+        except ValueError as e:
+            self._record(sim, why, ranked, cur, cur_s, None, f"infeasible: {e}")
+            return
+        window = self._window(sim, free)
+        if self.cost_model and self.cfg.cost_aware:
+            v = self.gate.decide(t, cur_s, best_pred.completion_s + plan.makespan_s, plan.makespan_s,
+                                 window, self.last_switch, candidate=best_shape)
+            ok, reason = v.switch, v.reason
+        else:
+            ok, reason = best_shape != cur or bool(free), "switch: no cost model"
+        self._record(sim, why, ranked, cur, cur_s, plan if ok else None, reason, best_shape, best_pred)
+        if ok:
+            self.last_switch = t
+            self.execute(sim, plan)
+
+    def _window(self, sim: "Simulator", free: list[DeviceView]) -> float:
+        lent = [sim.state.devices[d.id].lease_deadline for d in free if d.pool is Pool.TRAIN]
+        w = min((x - sim.clock.now for x in lent if x is not None), default=math.inf)
+        if any(d.pool is Pool.ELASTIC for d in free):  # expected stay ~ the median lifetime
+            el = sim.cfg.cluster.elastic.lifetime_s
+            w = min(w, el.median or el.value or 3600.0)
+        return w
+
+    def _record(self, sim, why, ranked, cur, cur_s, plan, reason, best=None, best_pred=None) -> None:
+        sim.decisions.append(dict(
+            t=round(sim.clock.now, 3), trigger=why, current=str(cur),
+            current_pred_s=round(cur_s, 3) if math.isfinite(cur_s) else None,
+            candidates=[[str(s), round(p.completion_s, 3), p.bottleneck] for s, p in ranked[:5]],
+            chosen=str(best) if best is not None else str(cur),
+            chosen_pred_s=round(best_pred.completion_s, 3) if best_pred else None,
+            switch=plan is not None, reason=reason,
+            plan=None if plan is None else dict(starts=plan.n_starts, stops=plan.n_stops, flips=plan.n_flips,
+                                                migrated=plan.n_migrated, makespan_s=round(plan.makespan_s, 3))))
+
+    def execute(self, sim: "Simulator", plan) -> None:
+        """Run a plan make-before-break: starts and role flips now, stops once replacements load."""
+        ready = [0.0] * len(plan.steps)
+        for i, s in enumerate(plan.steps):
+            begin = max((ready[j] for j in s.after), default=0.0)
+            ready[i] = begin + s.cost_s
+            eng = sim.engines.get(s.worker) if s.worker is not None else None
+            if s.kind is StepKind.START:
+                sim.start_worker(s.devices, s.role, load_s=s.cost_s)
+            elif s.kind is StepKind.SET_ROLE and eng is not None:
+                if begin > 0:
+                    sim.clock.at(sim.clock.now + begin, self._flip, sim, eng, s.role)
+                else:
+                    sim.set_role(eng, s.role)
+            elif s.kind is StepKind.STOP and eng is not None:
+                eng.accepting = False  # drain: no new turns while its replacements load
+                sim.clock.at(sim.clock.now + begin, self._stop, sim, eng)
+
+    def _flip(self, sim, eng, role) -> None:
+        if eng.wid in sim.engines:
+            sim.set_role(eng, role)
+
+    def _stop(self, sim, eng) -> None:
+        if eng.wid in sim.engines:
+            sim.stop_worker(eng, migrate=True)
+
+    # ------------------------------------------------------------------ borrowing
+    def on_train_end(self, sim: "Simulator", t: float) -> None:
+        if not self.cfg.borrow or len(sim.ready) >= sim.cfg.rl.prompts_per_batch:
+            return
+        gaps = [b - a for a, b in zip(sim.batch_ready_t, sim.batch_ready_t[1:])][-3:]
+        if not gaps or not sim.batch_ready_t:
+            return
+        idle_until = sim.batch_ready_t[-1] + sum(gaps) / len(gaps)
+        n = len(sim.train_devices)
+        n_roll = max(1, sum(len(e.devices) for e in sim.engines.values()))
+        ret_cost = self.costs.stop_s + self.costs.migrate_request_s * 4
+        if self.cost_model:
+            v = self.borrower.should_lend(t, idle_until, n, 1.0 / (n_roll + n), WAKE_S, ret_cost)
+            sim.decisions.append(dict(t=round(t, 3), trigger="trainer idle", switch=False,
+                                      borrow=v.lend, reason=v.reason))
+            if not v.lend:
+                return
+            deadline, ret_at = v.deadline, v.return_start_at
+        else:
+            deadline, ret_at = max(idle_until, t + 1.0), None
+        sim.lend(list(sim.train_devices), deadline)
+        self.lent = list(sim.train_devices)
+        tp = sim.cfg.engine.tp
+        disagg = bool(sim.serving(Role.PREFILL)) and self.adapt_pd
+        role = Role.PREFILL if disagg else Role.MIXED  # prefill holds no long-lived KV: cheap to vacate
+        for i in range(0, len(self.lent) - tp + 1, tp):
+            sim.start_worker(tuple(self.lent[i:i + tp]), role, load_s=WAKE_S)
+        if ret_at is not None:
+            self.return_at = ret_at
+            sim.clock.at(max(t, ret_at), self._return, sim, ret_at)
+
+    def _return(self, sim: "Simulator", tag: float | None = None) -> float:
+        """Give the lent devices back: stop their workers (requests migrate token-level, with KV unless
+        the policy recomputes). Returns how long the trainer must wait for the devices."""
+        if not self.lent or (tag is not None and tag != self.return_at):
+            return 0.0
+        t = sim.clock.now
+        wait = 0.0
+        for eng in sim.workers_on(self.lent):
+            n = eng.load()
+            sim.stop_worker(eng, migrate=self.return_migrate)
+            wait = max(wait, self.costs.stop_s + n * 0.001 + (sim.perf.kv_transfer_time(8192, True)
+                                                              if self.return_migrate and n else 0.0))
+        sim.reclaim(self.lent)
+        self.lent = []
+        self.return_at = None
+        return wait
+
+    def trainer_needs_devices(self, sim: "Simulator", t: float) -> float:
+        return self._return(sim)
+
+
+class RLBoostPlus(ControlledPolicy):
+    """Elastic devices + idle-trainer reuse with token-level migration; fixed colocated PD, no cost model."""
+
+    name = "rlboost+"
+    adapt_pd = False
+    cost_model = False
+
+
+class RollPartial(ControlledPolicy):
+    """ROLL partial-GPU mode: borrow training devices every step, return them by aborting (recompute)."""
+
+    name = "roll-partial"
+    adapt_pd = False
+    cost_model = False
+    return_migrate = False
+
+    def on_devices_added(self, sim, devs) -> None:  # no external elasticity
+        pass
+
+    def decide(self, sim, why) -> None:
+        if why == "periodic":
+            return
+        super().decide(sim, why)
+
+
+def make_controlled_policy(cfg: PolicyConfig) -> Policy:
+    return {"pearl": ControlledPolicy, "rlboost+": RLBoostPlus, "roll-partial": RollPartial}[cfg.name](cfg)
