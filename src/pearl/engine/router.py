@@ -1,32 +1,49 @@
 """Routing, pure: which worker gets a turn.
 
 Session affinity first (the worker that holds a trajectory's KV only prefills the new tokens), unless
-that worker is clearly busier than the least-loaded one; new sessions go to the least-loaded worker.
-Works on any engine exposing `kv_used()`, `kv_capacity`, `load()`, `holds(session)`, `pre_pending`.
+that worker is clearly busier than the alternative; otherwise the less loaded of two workers drawn at
+random ("power of two choices": near-optimal balance at O(1) cost, which matters when a simulated
+cluster routes millions of turns). The draw comes from the caller's seeded RNG, so runs stay
+deterministic. Works on any engine exposing `kv_used()`, `kv_capacity`, `load()`, `holds(session)`,
+`pre_pending`.
 """
 from __future__ import annotations
 
+import random
 from collections.abc import Sequence
 from typing import Any
+
+from pearl.types import Role
 
 
 def kv_pressure(e: Any) -> float:
     return e.kv_used() / e.kv_capacity + 0.002 * e.load()
 
 
-def pick_decode(candidates: Sequence[Any], session: str, home: Any | None, slack: float = 0.25) -> Any:
+def _two_choices(candidates: Sequence[Any], key, rng: random.Random | None) -> Any:
+    n = len(candidates)
+    if n <= 2 or rng is None:
+        return min(candidates, key=key)
+    i, j = rng.randrange(n), rng.randrange(n - 1)
+    a, b = candidates[i], candidates[j + (j >= i)]
+    return a if key(a) <= key(b) else b
+
+
+def pick_decode(candidates: Sequence[Any], session: str, home: Any | None,
+                rng: random.Random | None = None, slack: float = 0.25) -> Any:
     """A worker that will hold the session's KV and decode it (a `mixed` or `decode` worker)."""
-    best = min(candidates, key=kv_pressure)
-    if home is not None and home in candidates and home.holds(session):
-        if kv_pressure(home) <= kv_pressure(best) + slack:
-            return home
-    return best
+    if home is not None and home.accepting and home.role is not Role.PREFILL and home.holds(session):
+        alt = _two_choices(candidates, kv_pressure, rng)
+        return home if kv_pressure(home) <= kv_pressure(alt) + slack else alt
+    return _two_choices(candidates, kv_pressure, rng)
 
 
-def pick_prefill(candidates: Sequence[Any], session: str, home: Any | None, chunk: int) -> Any:
-    """A prefill worker: the one with the least queued prefill work, or the session's prefix holder."""
-    best = min(candidates, key=lambda e: (e.pre_pending, e.load()))
-    if home is not None and home in candidates and home.holds(session):
-        if home.pre_pending <= best.pre_pending + chunk:
-            return home
+def pick_prefill(candidates: Sequence[Any], session: str, home: Any | None, chunk: int,
+                 rng: random.Random | None = None) -> Any:
+    """A prefill worker: the one with less queued prefill work, or the session's prefix holder."""
+    key = lambda e: (e.pre_pending, e.load())  # noqa: E731
+    best = _two_choices(candidates, key, rng)
+    if (home is not None and home.accepting and home.role is Role.PREFILL and home.holds(session)
+            and home.pre_pending <= best.pre_pending + chunk):
+        return home
     return best

@@ -172,7 +172,7 @@ class ControlledPolicy(Policy):
                 else:
                     sim.set_role(eng, s.role)
             elif s.kind is StepKind.STOP and eng is not None:
-                eng.accepting = False  # drain: no new turns while its replacements load
+                sim.set_accepting(eng, False)  # drain: no new turns while its replacements load
                 sim.clock.at(sim.clock.now + begin, self._stop, sim, eng)
 
     def _flip(self, sim, eng, role) -> None:

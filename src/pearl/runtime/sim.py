@@ -7,6 +7,7 @@ decisions (which layout, when to borrow, how to absorb elastic devices) come fro
 """
 from __future__ import annotations
 
+import random
 from collections import Counter
 from dataclasses import dataclass, field
 
@@ -69,6 +70,8 @@ class Simulator:
         self.gate = StalenessGate(self.batch_trajs, rl.staleness, rl.max_concurrent_trajectories)
         self.state = ClusterState(check=False)
         self.engines: dict[int, EmulatedEngine] = {}  # worker id -> engine (live workers only)
+        self._serving_cache: dict[tuple[Role, ...], list[EmulatedEngine]] = {}
+        self.route_rng = random.Random(cfg.seed)  # power-of-two-choices routing, deterministic
         self.all_engines: list[EmulatedEngine] = []  # every engine ever started (metrics)
         self.device_time: dict[int, list[float]] = {}  # device -> [joined at, left at] (elastic)
         self.version = 0
@@ -178,7 +181,7 @@ class Simulator:
                              self.cfg.engine.max_batched_tokens, self._on_done, self.version)
         eng.devices = devices
         eng.on_plan = self._on_plan
-        eng.accepting = False
+        self.set_accepting(eng, False)
         self.engines[wid] = eng
         self.all_engines.append(eng)
         eng.started_t, eng.stopped_t = t, None
@@ -191,14 +194,14 @@ class Simulator:
     def _worker_ready(self, eng: EmulatedEngine) -> None:
         if self.state.workers[eng.wid].phase is WorkerPhase.LOADING:
             self.state.worker_ready(self.clock.now, eng.wid)
-            eng.accepting = True
+            self.set_accepting(eng, True)
             eng.version = self.version
             self.policy.on_worker_ready(self, eng)
 
     def stop_worker(self, eng: EmulatedEngine, migrate: bool = True) -> None:
         """Stop a worker; its in-flight requests move (KV migration) or resume elsewhere (recompute)."""
         t = self.clock.now
-        eng.accepting = False
+        self.set_accepting(eng, False)
         reqs = eng.abort_all(t)
         self.engines.pop(eng.wid, None)
         eng.stopped_t = t
@@ -215,6 +218,7 @@ class Simulator:
                 eng.abort(r, t)
                 self._relocate(r, eng, migrate=True)
         eng.role = role
+        self._serving_cache.clear()
         self.state.set_role(t, eng.wid, role)
         eng.pause(t, t + flip_s)
 
@@ -244,12 +248,20 @@ class Simulator:
             tr.home = dst
 
     # ------------------------------------------------------------------ engines by role
+    def set_accepting(self, eng: EmulatedEngine, flag: bool) -> None:
+        eng.accepting = flag
+        self._serving_cache.clear()
+
     def serving(self, *roles: Role) -> list[EmulatedEngine]:
-        return [e for e in self.engines.values() if e.accepting and e.role in roles]
+        """Workers taking new turns, by role (cached: routing asks for every turn)."""
+        got = self._serving_cache.get(roles)
+        if got is None:
+            got = self._serving_cache[roles] = [e for e in self.engines.values() if e.accepting and e.role in roles]
+        return got
 
     def _decode_target(self, tr: SimTrajectory) -> EmulatedEngine:
         cands = self.serving(Role.DECODE, Role.MIXED) or self.serving(Role.PREFILL)
-        return pick_decode(cands, tr.id, tr.home)
+        return pick_decode(cands, tr.id, tr.home, self.route_rng)
 
     # ------------------------------------------------------------------ rollout
     def _admit(self) -> None:
@@ -285,7 +297,7 @@ class Simulator:
         decode = self.serving(Role.DECODE)
         if prefill and decode:
             r.prefill_only = True
-            eng = pick_prefill(prefill, tr.id, tr.pre_home, self.cfg.engine.max_batched_tokens)
+            eng = pick_prefill(prefill, tr.id, tr.pre_home, self.cfg.engine.max_batched_tokens, self.route_rng)
             tr.pre_home = eng
             # The context lives on the decode worker: fetch it rather than recompute it.
             held, home = eng.holds(tr.id), tr.home
@@ -314,7 +326,7 @@ class Simulator:
         tr.min_version = min(tr.min_version, eng.version)
         if r.prefill_only:  # hand the KV to a decode worker
             r.prefill_only = False
-            dst = pick_decode(self.serving(Role.DECODE) or self.serving(Role.MIXED), tr.id, tr.home)
+            dst = pick_decode(self.serving(Role.DECODE) or self.serving(Role.MIXED), tr.id, tr.home, self.route_rng)
             missing = r.num_tokens - 1 - dst.holds(tr.id)
             same = self.node_of(eng.devices[0]) == self.node_of(dst.devices[0])
             self.clock.at(t + self.perf.kv_transfer_time(max(missing, 0), same), self._arrive_decode, tr, r, dst)

@@ -1,0 +1,269 @@
+"""Our own forward pass for Llama/Qwen-style decoders, over a ragged batch with per-session KV.
+
+Supported: RMSNorm, RoPE (default type, the model's theta), grouped-query attention, Qwen3's per-head
+q/k RMSNorm and Qwen2-style q/k/v biases when the weights have them, SwiGLU MLP, tied or separate
+output embedding. Weights are plain tensors taken from a transformers state dict (Hugging Face names),
+with q/k/v and gate/up fused into one matrix each so a layer runs two big matmuls instead of five;
+`load_state_dict` writes each named tensor into its slice of the fused matrix, so a weight update
+(whole or partial) never needs the transformers model.
+
+A ragged batch is a list of sequences, each contributing a chunk of new tokens (a prefill chunk or one
+decode token) that attends over that session's cached KV plus the chunk, causally. Logits are computed
+only for the rows that need a sample. This module does no scheduling and no sampling.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+import torch
+import torch.nn.functional as F
+
+from pearl.errors import ConfigError
+from pearl.real.kvcache import KVCache, KVLayout
+
+
+@dataclass(frozen=True)
+class DecoderShape:
+    layers: int
+    hidden: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    intermediate: int
+    vocab: int
+    eps: float
+    rope_theta: float
+    qk_norm: bool  # Qwen3
+    qkv_bias: bool  # Qwen2
+    tied: bool
+
+    @staticmethod
+    def from_hf_config(cfg: Any) -> "DecoderShape":
+        if getattr(cfg, "hidden_act", "silu") != "silu":
+            raise ConfigError(f"model hidden_act {cfg.hidden_act!r} is not supported (only 'silu')")
+        rope = getattr(cfg, "rope_parameters", None) or getattr(cfg, "rope_scaling", None) or {}
+        kind = rope.get("rope_type", rope.get("type", "default"))
+        if kind != "default":
+            raise ConfigError(f"model rope_type {kind!r} is not supported (only 'default')")
+        theta = rope.get("rope_theta", getattr(cfg, "rope_theta", 10000.0))
+        if getattr(cfg, "sliding_window", None) and getattr(cfg, "use_sliding_window", False):
+            raise ConfigError("models with sliding-window attention are not supported")
+        qwen2 = cfg.model_type == "qwen2"  # q/k/v biases always, no o_proj bias
+        if getattr(cfg, "mlp_bias", False) or (getattr(cfg, "attention_bias", False) and not qwen2):
+            raise ConfigError(f"model {cfg.model_type!r} with MLP or output-projection biases is not supported")
+        return DecoderShape(
+            layers=cfg.num_hidden_layers, hidden=cfg.hidden_size, heads=cfg.num_attention_heads,
+            kv_heads=cfg.num_key_value_heads or cfg.num_attention_heads,
+            head_dim=getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads,
+            intermediate=cfg.intermediate_size, vocab=cfg.vocab_size, eps=cfg.rms_norm_eps,
+            rope_theta=float(theta), qk_norm=cfg.model_type == "qwen3",
+            qkv_bias=qwen2, tied=bool(cfg.tie_word_embeddings))
+
+
+@dataclass
+class SeqChunk:
+    """One sequence's part of a ragged batch: `token_ids` go at positions start .. start+len-1."""
+
+    session: str
+    start: int
+    token_ids: list[int]
+    want_logits: bool
+
+
+class Decoder:
+    def __init__(self, shape: DecoderShape, dtype: torch.dtype = torch.float32, device: str = "cpu"):
+        self.shape, self.dtype, self.device = shape, dtype, torch.device(device)
+        s = shape
+        self.q_size, self.kv_size = s.heads * s.head_dim, s.kv_heads * s.head_dim
+
+        def z(*dims: int) -> torch.Tensor:
+            return torch.zeros(*dims, dtype=dtype, device=self.device)
+
+        self.embed = z(s.vocab, s.hidden)
+        self.lm_head = self.embed if s.tied else z(s.vocab, s.hidden)
+        self.final_norm = z(s.hidden)
+        self.layers = [{
+            "in_norm": z(s.hidden), "post_norm": z(s.hidden),
+            "qkv": z(self.q_size + 2 * self.kv_size, s.hidden),
+            "qkv_b": z(self.q_size + 2 * self.kv_size) if s.qkv_bias else None,
+            "q_norm": z(s.head_dim) if s.qk_norm else None, "k_norm": z(s.head_dim) if s.qk_norm else None,
+            "o": z(s.hidden, self.q_size), "gate_up": z(2 * s.intermediate, s.hidden),
+            "down": z(s.hidden, s.intermediate),
+        } for _ in range(s.layers)]
+        self.version = 0
+        inv = 1.0 / (s.rope_theta ** (torch.arange(0, s.head_dim, 2, dtype=torch.float32) / s.head_dim))
+        self._inv_freq = inv.to(self.device)
+        self._cos = self._sin = torch.empty(0, s.head_dim, dtype=dtype, device=self.device)
+
+    @classmethod
+    def from_hf(cls, model: Any, dtype: torch.dtype = torch.float32, version: int = 0) -> "Decoder":
+        dec = cls(DecoderShape.from_hf_config(model.config), dtype, str(next(model.parameters()).device))
+        dec.load_state_dict(model.state_dict(), version)
+        return dec
+
+    def kv_layout(self) -> KVLayout:
+        return KVLayout(self.shape.layers, self.shape.kv_heads, self.shape.head_dim, self.dtype)
+
+    # ------------------------------------------------------------ weights
+    def _slot(self, name: str) -> tuple[torch.Tensor, slice | None] | None:
+        """Where a Hugging Face weight lives in our tensors: (tensor, row slice or None for all)."""
+        s, q, kv = self.shape, self.q_size, self.kv_size
+        if name == "model.embed_tokens.weight":
+            return self.embed, None
+        if name == "model.norm.weight":
+            return self.final_norm, None
+        if name == "lm_head.weight":
+            return (None if s.tied else (self.lm_head, None))  # tied: the embedding is the head
+        parts = name.split(".")
+        if len(parts) < 5 or parts[:2] != ["model", "layers"] or not parts[2].isdigit():
+            return None
+        i = int(parts[2])
+        if i >= s.layers:
+            return None
+        L, rest = self.layers[i], ".".join(parts[3:])
+        qkv_rows = {"q": slice(0, q), "k": slice(q, q + kv), "v": slice(q + kv, q + 2 * kv)}
+        table: dict[str, tuple[torch.Tensor | None, slice | None]] = {
+            "input_layernorm.weight": (L["in_norm"], None),
+            "post_attention_layernorm.weight": (L["post_norm"], None),
+            "self_attn.o_proj.weight": (L["o"], None),
+            "self_attn.q_norm.weight": (L["q_norm"], None),
+            "self_attn.k_norm.weight": (L["k_norm"], None),
+            "mlp.gate_proj.weight": (L["gate_up"], slice(0, s.intermediate)),
+            "mlp.up_proj.weight": (L["gate_up"], slice(s.intermediate, 2 * s.intermediate)),
+            "mlp.down_proj.weight": (L["down"], None),
+        }
+        for p, rows in qkv_rows.items():
+            table[f"self_attn.{p}_proj.weight"] = (L["qkv"], rows)
+            table[f"self_attn.{p}_proj.bias"] = (L["qkv_b"], rows)
+        hit = table.get(rest)
+        return None if hit is None or hit[0] is None else hit  # type: ignore[return-value]
+
+    def load_state_dict(self, state_dict: Mapping[str, torch.Tensor], version: int | None = None) -> None:
+        """Copy Hugging Face-named weights in (all or some). Unknown weight names are an error: a state
+        dict from another model silently ignored would leave the engine sampling from stale weights."""
+        unknown = []
+        for name, t in state_dict.items():
+            if name.endswith("rotary_emb.inv_freq"):
+                continue
+            slot = self._slot(name)
+            if slot is None:
+                if not (name == "lm_head.weight" and self.shape.tied):
+                    unknown.append(name)
+                continue
+            dst, rows = slot
+            view = dst if rows is None else dst[rows]
+            if tuple(view.shape) != tuple(t.shape):
+                raise ConfigError(f"weight {name!r} has shape {tuple(t.shape)}, expected {tuple(view.shape)}")
+            with torch.no_grad():
+                view.copy_(t.detach())
+        if unknown:
+            raise ConfigError(f"{len(unknown)} weight(s) do not belong to this model, e.g. {unknown[:3]}")
+        if version is not None:
+            self.version = version
+
+    # ------------------------------------------------------------ forward
+    def _rope(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        need = int(positions.max()) + 1
+        if need > self._cos.shape[0]:
+            n = max(need, 2 * self._cos.shape[0], 256)
+            # float32 like transformers, so positions far out round the same way
+            freqs = torch.arange(n, dtype=torch.float32, device=self.device)[:, None] * self._inv_freq[None]
+            emb = torch.cat([freqs, freqs], dim=-1)
+            self._cos, self._sin = emb.cos().to(self.dtype), emb.sin().to(self.dtype)
+        return self._cos[positions], self._sin[positions]
+
+    def _norm(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        xf = x.float()
+        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.shape.eps)
+        return w * xf.to(x.dtype)
+
+    @torch.inference_mode()
+    def forward(self, chunks: list[SeqChunk], kv: KVCache) -> torch.Tensor:
+        """Run the chunks, append their KV to `kv`, return logits [n_want, vocab] in chunk order."""
+        s = self.shape
+        ids, pos, rows, off = [], [], [], 0
+        for c in chunks:
+            n = len(c.token_ids)
+            ids += c.token_ids
+            pos += range(c.start, c.start + n)
+            if c.want_logits:
+                rows.append(off + n - 1)
+            kv.reserve(c.session, c.start + n)
+            off += n
+        input_ids = torch.tensor(ids, device=self.device)
+        cos, sin = self._rope(torch.tensor(pos, device=self.device))
+        cos, sin = cos[:, None, :], sin[:, None, :]
+        T, g = len(ids), s.heads // s.kv_heads
+        # Per chunk, views built once per step and unbound per layer (a decode step on CPU is bound by
+        # the number of small ops per layer and sequence, not by arithmetic): where the new KV goes,
+        # the keys and values attended over, and the causal mask of a multi-token chunk.
+        sizes = [len(c.token_ids) for c in chunks]
+        dsts, keys, values, masks = [], [], [], []
+        for c, n in zip(chunks, sizes):
+            buf, end = kv.buffer(c.session), c.start + n
+            dsts.append(buf[:, :, :, c.start:end].unbind(0))
+            keys.append(buf[:, 0:1, :, :end].unbind(0))
+            values.append(buf[:, 1:2, :, :end].unbind(0))
+            masks.append(_chunk_mask(c.start, n, g, self.device))
+        kvh, d = s.kv_heads, s.head_dim
+        x = F.embedding(input_ids, self.embed)
+        for li, L in enumerate(self.layers):
+            h = self._norm(x, L["in_norm"])
+            qkv = F.linear(h, L["qkv"], L["qkv_b"])
+            q = qkv[:, : self.q_size].view(T, s.heads, d)
+            k = qkv[:, self.q_size: self.q_size + self.kv_size].view(T, kvh, d)
+            v = qkv[:, self.q_size + self.kv_size:].view(T, kvh, d)
+            if s.qk_norm:
+                q, k = self._norm(q, L["q_norm"]), self._norm(k, L["k_norm"])
+            q = q * cos + _rotate_half(q) * sin
+            k = k * cos + _rotate_half(k) * sin
+            new_kv = torch.stack([k, v]).transpose(1, 2)  # [2, kv_heads, T, head_dim]
+            _copy_all([dst[li] for dst in dsts], new_kv.split(sizes, dim=2))
+            # GQA without copying K/V: the g query heads sharing a KV head act as g query rows (g×n
+            # for a chunk), so SDPA sees [1, kv_heads, rows, head_dim]. 4-D operands: the CPU kernel
+            # is several times slower on 3-D ones.
+            outs = []
+            for qc, n, ks, vs, mask in zip(q.view(T, kvh, g, d).split(sizes), sizes, keys, values, masks):
+                if n == 1:
+                    outs.append(F.scaled_dot_product_attention(qc, ks[li], vs[li]))
+                else:
+                    qg = qc.permute(1, 2, 0, 3).reshape(1, kvh, g * n, d)
+                    o = F.scaled_dot_product_attention(qg, ks[li], vs[li], attn_mask=mask)
+                    outs.append(o.view(kvh, g, n, d).permute(2, 0, 1, 3))
+            out = torch.cat(outs) if len(outs) > 1 else outs[0]
+            x = x + F.linear(out.reshape(T, self.q_size), L["o"])
+            h = self._norm(x, L["post_norm"])
+            gu = F.linear(h, L["gate_up"])
+            x = x + F.linear(F.silu(gu[:, : s.intermediate]) * gu[:, s.intermediate:], L["down"])
+        for c in chunks:
+            kv.commit(c.session, c.start, c.token_ids)
+        if not rows:
+            return torch.empty(0, s.vocab, dtype=self.dtype, device=self.device)
+        h = self._norm(x[torch.tensor(rows, device=self.device)], self.final_norm)
+        return F.linear(h, self.lm_head)
+
+
+def _copy_all(dst: list[torch.Tensor], src: tuple[torch.Tensor, ...]) -> None:
+    """dst[i] <- src[i] for all i; one fused call where torch has it."""
+    foreach = getattr(torch, "_foreach_copy_", None)
+    if foreach is not None:
+        foreach(dst, list(src))
+    else:
+        for a, b in zip(dst, src):
+            a.copy_(b)
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+
+
+def _chunk_mask(start: int, n: int, g: int, device: torch.device) -> torch.Tensor | None:
+    """Bool mask [g·n, start+n]: query i (at position start+i) sees keys 0..start+i. None for one token,
+    which sees everything cached. Built once per step and shared by every layer."""
+    if n == 1:
+        return None
+    qpos = torch.arange(start, start + n, device=device)
+    m = torch.arange(start + n, device=device)[None, :] <= qpos[:, None]
+    return m.repeat(g, 1)

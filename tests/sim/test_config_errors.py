@@ -1,0 +1,98 @@
+"""Scenario mistakes are a one-line ConfigError naming the field and the bad value."""
+from __future__ import annotations
+
+import pytest
+
+from pearl.config import ScenarioConfig, parse_config
+from pearl.errors import ConfigError
+from pearl.runtime.sim import Simulator
+
+DISAGG_8 = {"cluster": {"rollout_devices": 8}}
+
+
+def error(data: dict) -> str:
+    with pytest.raises(ConfigError) as ei:
+        parse_config(data, ScenarioConfig)
+    msg = str(ei.value)
+    assert "\n" not in msg and len(msg) < 300
+    return msg
+
+
+@pytest.mark.parametrize("data, names", [
+    ({"clusterr": {}}, ["clusterr", "unknown field"]),
+    ({"cluster": {"rollout_devicez": 3}}, ["cluster.rollout_devicez", "unknown field"]),
+    ({"workload": {"profile": "game", "turnz": 3}}, ["workload.turnz"]),
+])
+def test_unknown_field_is_named_with_its_path(data, names):
+    msg = error(data)
+    assert all(n in msg for n in names), msg
+
+
+@pytest.mark.parametrize("data, field, value", [
+    ({"cluster": {"rollout_devices": -2}}, "cluster.rollout_devices", "-2"),
+    ({"cluster": {"train_devices": 0}}, "cluster.train_devices", "0"),
+    ({"rl": {"group_size": -1}}, "rl.group_size", "-1"),
+    ({"layout": {"mode": "disaggregated", "prefill": -1, "decode": 3}}, "layout.prefill", "-1"),
+    ({"engine": {"max_num_seqs": -8}}, "engine.max_num_seqs", "-8"),
+])
+def test_negative_count_names_field_and_value(data, field, value):
+    msg = error(data)
+    assert f"'{field}'" in msg and value in msg, msg
+
+
+def test_pd_ratio_that_does_not_match_the_devices():
+    msg = error({**DISAGG_8, "layout": {"mode": "disaggregated", "prefill": 1, "decode": 3}})
+    assert "1P:3D" in msg and "cluster.rollout_devices" in msg and "8" in msg and "4 devices" in msg, msg
+
+
+def test_pd_ratio_at_tp2_counts_devices_per_worker():
+    ok = parse_config({**DISAGG_8, "engine": {"tp": 2}, "layout": {"mode": "disaggregated", "prefill": 1,
+                                                                    "decode": 3}}, ScenarioConfig)
+    assert ok.layout.prefill + ok.layout.decode == 4
+    msg = error({**DISAGG_8, "engine": {"tp": 2}, "layout": {"mode": "disaggregated", "prefill": 2, "decode": 6}})
+    assert "2P:6D" in msg and "tp=2" in msg and "16" in msg, msg
+
+
+def test_disaggregated_layout_needs_both_roles():
+    msg = error({**DISAGG_8, "layout": {"mode": "disaggregated", "prefill": 8, "decode": 0}})
+    assert "'layout'" in msg and "8P:0D" in msg, msg
+
+
+@pytest.mark.parametrize("where, path", [
+    ({"workload": {"response_tokens": {"kind": "lognormal", "median": 100, "p90": 50}}}, "workload.response_tokens"),
+    ({"workload": {"env_latency_s": {"median": 2.0, "p90": 1.0}}}, "workload.env_latency_s"),
+    ({"cluster": {"elastic": {"lifetime_s": {"median": 3600, "p90": 60}}}}, "cluster.elastic.lifetime_s"),
+])
+def test_distribution_with_p90_below_median(where, path):
+    msg = error(where)
+    assert f"'{path}'" in msg and "p90" in msg and "median" in msg, msg
+    assert any(v in msg for v in ("50", "1.0", "60")), msg
+
+
+def test_uniform_distribution_with_high_below_low():
+    msg = error({"workload": {"turns": {"kind": "uniform", "low": 5, "high": 2}}})
+    assert "'workload.turns'" in msg and "5" in msg and "2" in msg, msg
+
+
+def test_distribution_missing_its_parameter():
+    msg = error({"workload": {"turns": {"kind": "geometric"}}})
+    assert "'workload.turns'" in msg and "mean" in msg, msg
+
+
+def test_wrong_type_names_field_and_value():
+    msg = error({"cluster": {"rollout_devices": "many"}})
+    assert "'cluster.rollout_devices'" in msg and "'many'" in msg, msg
+
+
+def test_unknown_profile_is_a_config_error_listing_the_known_ones():
+    cfg = parse_config({"workload": {"profile": "chess"}}, ScenarioConfig)
+    with pytest.raises(ConfigError) as ei:
+        Simulator(cfg)
+    assert "'chess'" in str(ei.value) and "game" in str(ei.value) and "swe" in str(ei.value)
+
+
+@pytest.mark.xfail(strict=True, reason="format_validation_error labels a scenario-level error (empty loc) "
+                   "'config', so the message reads 'config: config: layout 1P:3D ...'")
+def test_scenario_level_error_is_not_prefixed_twice():
+    msg = error({**DISAGG_8, "layout": {"mode": "disaggregated", "prefill": 1, "decode": 3}})
+    assert not msg.startswith("config: config:"), msg
