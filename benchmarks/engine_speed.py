@@ -158,7 +158,7 @@ def main() -> None:
         big = name != "tiny"  # a real model costs ~100x more per token on CPU: a smaller workload
         ratios = []
         for batch in [args.batch] if big else [args.batch, 4 * args.batch]:
-            ours, hf = bench_decode(lm, batch, args.new_tokens // 2 if big else args.new_tokens, 1 if big else 3)
+            ours, hf = bench_decode(lm, batch, args.new_tokens // 2 if big else args.new_tokens, 2 if big else 3)
             ratios.append(f"{ours / hf:.2f}x at batch {batch}")
             print(f"[{name}] decode, batch {batch:3d}: ours {ours:8.1f} tok/s   transformers generate {hf:8.1f} tok/s")
         wl = workload(lm, args.big_sessions if big else args.sessions, args.turns, 32 if big else 64)

@@ -93,20 +93,23 @@ def batch_specs(cfg: ScenarioConfig):
 
 
 def fix_handoff() -> None:
-    """Count KV hand-offs in flight in the decode router's load (the simulator picks the decode
-    worker when the prefill ends but the KV lands later, so a burst of hand-offs herds onto one)."""
+    """Count KV hand-offs in flight in the decode router's load. The simulator picks the decode worker
+    when a prefill ends, but the KV (and so the load) lands only after the transfer, so a burst of
+    hand-offs herds onto one worker (always, with two decode workers)."""
+    from pearl.engine import router
+
+    if getattr(router, "_fly_patched", False):
+        return
     inflight: dict[int, tuple] = {}
+    state: dict = {"r": None}
+    base, orig_pick = router.kv_pressure, simmod.pick_decode
     orig_done, orig_arrive = simmod.Simulator._on_done, simmod.Simulator._arrive_decode
-    state = {"r": None}
 
     def pressure(e):
-        return (e.kv_used() + getattr(e, "_fly_tok", 0)) / e.kv_capacity + 0.002 * (e.load() + getattr(e, "_fly_n", 0))
+        return base(e) + getattr(e, "_fly_tok", 0) / e.kv_capacity + 0.002 * getattr(e, "_fly_n", 0)
 
-    def pick(cands, session, home, slack=0.25):
-        best = min(cands, key=pressure)
-        dst = home if (home is not None and home in cands and home.holds(session)
-                       and pressure(home) <= pressure(best) + slack) else best
-        r = state["r"]
+    def pick(*args, **kw):
+        dst, r = orig_pick(*args, **kw), state["r"]
         if r is not None:
             dst._fly_tok, dst._fly_n = getattr(dst, "_fly_tok", 0) + r.num_tokens, getattr(dst, "_fly_n", 0) + 1
             inflight[id(r)] = (dst, r.num_tokens)
@@ -126,6 +129,7 @@ def fix_handoff() -> None:
             hit[0]._fly_n -= 1
         return orig_arrive(self, tr, r, dst)
 
+    router.kv_pressure, router._fly_patched = pressure, True
     simmod.pick_decode, simmod.Simulator._on_done, simmod.Simulator._arrive_decode = pick, on_done, arrive
 
 

@@ -147,6 +147,7 @@ class PolicyConfig(Frozen):
     incremental: bool = True
     cost_aware: bool = True
     return_bound_s: float = Field(default=5.0, ge=0)  # max trainer wait for a borrowed device
+    horizon_s: float = Field(default=900.0, gt=0)  # how far ahead a switch's gain is counted
 
 
 class ScenarioConfig(Frozen):

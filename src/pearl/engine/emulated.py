@@ -122,6 +122,7 @@ class EmulatedEngine:
         return req
 
     def abort_all(self, t: float) -> list[Request]:
+        self.sync(t)  # first: requests that complete in the step in flight finish, not abort
         reqs = self.requests()
         for r in reqs:
             self.abort(r, t)

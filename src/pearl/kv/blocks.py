@@ -21,6 +21,7 @@ class BlockManager:
         self.free_blocks = num_blocks
         self.tokens: dict[str, int] = {}  # session -> tokens whose KV is held
         self.idle: OrderedDict[str, None] = OrderedDict()  # evictable sessions, LRU first
+        self.idle_blocks = 0  # Σ blocks of idle sessions (kept as a running sum: asked every step)
         self.on_evict = on_evict
 
     def blocks_for(self, tokens: int) -> int:
@@ -34,11 +35,14 @@ class BlockManager:
         return max(0, self.blocks_for(total_tokens) - self.blocks_for(self.tokens.get(session, 0)))
 
     def evictable_blocks(self) -> int:
-        return sum(self.blocks_for(self.tokens[s]) for s in self.idle)
+        return self.idle_blocks
 
     def can_grow(self, session: str, total_tokens: int, evict: bool = True) -> bool:
         need = self.extra_blocks(session, total_tokens)
-        return need <= self.free_blocks + (self.evictable_blocks() if evict else 0)
+        if need <= self.free_blocks:
+            return True
+        own = self.blocks_for(self.tokens.get(session, 0)) if session in self.idle else 0
+        return evict and need <= self.free_blocks + self.idle_blocks - own
 
     def grow(self, session: str, total_tokens: int) -> list[str]:
         """Hold `total_tokens` for the session, evicting idle sessions if needed; returns the evicted.
@@ -47,13 +51,9 @@ class BlockManager:
         """
         need = self.extra_blocks(session, total_tokens)
         evicted: list[str] = []
+        self.set_active(session)  # never evict the session we are growing
         while need > self.free_blocks and self.idle:
             victim = next(iter(self.idle))
-            if victim == session:  # never evict the session we are growing
-                self.idle.move_to_end(victim)
-                if len(self.idle) == 1:
-                    break
-                continue
             evicted.append(victim)
             self.release(victim)
             if self.on_evict:
@@ -63,7 +63,6 @@ class BlockManager:
         self.free_blocks -= need
         if total_tokens > self.tokens.get(session, 0) or session not in self.tokens:
             self.tokens[session] = max(total_tokens, self.tokens.get(session, 0))
-        self.idle.pop(session, None)
         return evicted
 
     def truncate(self, session: str, total_tokens: int) -> None:
@@ -71,21 +70,28 @@ class BlockManager:
         old = self.tokens.get(session, 0)
         if total_tokens >= old:
             return
-        self.free_blocks += self.blocks_for(old) - self.blocks_for(total_tokens)
+        freed = self.blocks_for(old) - self.blocks_for(total_tokens)
+        self.free_blocks += freed
+        if session in self.idle:
+            self.idle_blocks -= freed
         self.tokens[session] = total_tokens
 
     def set_idle(self, session: str) -> None:
         if session in self.tokens:
+            if session not in self.idle:
+                self.idle_blocks += self.blocks_for(self.tokens[session])
             self.idle[session] = None
             self.idle.move_to_end(session)
 
     def set_active(self, session: str) -> None:
-        self.idle.pop(session, None)
+        if session in self.idle:
+            del self.idle[session]
+            self.idle_blocks -= self.blocks_for(self.tokens[session])
 
     def release(self, session: str) -> int:
         """Free all of a session's blocks; returns how many tokens it held."""
+        self.set_active(session)
         held = self.tokens.pop(session, 0)
-        self.idle.pop(session, None)
         self.free_blocks += self.blocks_for(held)
         return held
 
@@ -97,3 +103,6 @@ class BlockManager:
         total = sum(self.blocks_for(t) for t in self.tokens.values())
         if total != self.used_blocks:
             raise AssertionError(f"block accounting broken: sessions hold {total}, used {self.used_blocks}")
+        idle = sum(self.blocks_for(self.tokens[s]) for s in self.idle)
+        if idle != self.idle_blocks:
+            raise AssertionError(f"idle block count broken: {idle} != {self.idle_blocks}")

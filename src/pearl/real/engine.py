@@ -28,7 +28,7 @@ from typing import Any, Iterable, Mapping
 
 import torch
 
-from pearl.engine.request import Request, RequestStatus
+from pearl.engine.request import Request
 from pearl.engine.scheduler import Scheduler
 from pearl.errors import ConfigError, ResourceError
 from pearl.kv.blocks import BlockManager

@@ -128,8 +128,11 @@ class ControlledPolicy(Policy):
             return
         window = self._window(sim, free)
         if self.cost_model and self.cfg.cost_aware:
-            v = self.gate.decide(t, cur_s, best_pred.completion_s + plan.makespan_s, plan.makespan_s,
-                                 window, self.last_switch, candidate=best_shape)
+            # Gain over the work the window holds (several batches), against a one-off transition.
+            horizon = min(window, self.cfg.horizon_s)
+            cand_h = horizon * best_pred.completion_s / cur_s + plan.makespan_s if math.isfinite(cur_s) else 0.0
+            v = self.gate.decide(t, horizon, cand_h, plan.makespan_s, window, self.last_switch,
+                                 candidate=best_shape)
             ok, reason = v.switch, v.reason
         else:
             ok, reason = best_shape != cur or bool(free), "switch: no cost model"
@@ -192,10 +195,9 @@ class ControlledPolicy(Policy):
             return
         idle_until = sim.batch_ready_t[-1] + sum(gaps) / len(gaps)
         n = len(sim.train_devices)
-        n_roll = max(1, sum(len(e.devices) for e in sim.engines.values()))
         ret_cost = self.costs.stop_s + self.costs.migrate_request_s * 4
         if self.cost_model:
-            v = self.borrower.should_lend(t, idle_until, n, 1.0 / (n_roll + n), WAKE_S, ret_cost)
+            v = self.borrower.should_lend(t, idle_until, n, self._lend_gain(sim, n), WAKE_S, ret_cost)
             sim.decisions.append(dict(t=round(t, 3), trigger="trainer idle", switch=False,
                                       borrow=v.lend, reason=v.reason))
             if not v.lend:
@@ -213,6 +215,19 @@ class ControlledPolicy(Policy):
         if ret_at is not None:
             self.return_at = ret_at
             sim.clock.at(max(t, ret_at), self._return, sim, ret_at)
+
+    def _lend_gain(self, sim: "Simulator", n: int) -> float:
+        """Predicted fraction of batch time saved per lent device per second it serves."""
+        cur = sim.state.shape()
+        tp = sim.cfg.engine.tp
+        add = n // tp
+        more = (LayoutShape.disaggregated(cur.n_prefill + add, cur.n_decode, tp) if cur.n_prefill and self.adapt_pd
+                else LayoutShape.colocated(cur.n_mixed + cur.n_decode + cur.n_prefill + add, tp))
+        if cur.n_workers == 0 or (cur.n_mixed + cur.n_decode) == 0:
+            return 0.0
+        a, b = predict_many([cur, more], [sim.perf] * 2, sim.cfg.engine, self.stats, self.batch,
+                            sim.cfg.cluster.devices_per_node)
+        return max(0.0, (a.completion_s - b.completion_s) / a.completion_s) / max(1, n)
 
     def _return(self, sim: "Simulator", tag: float | None = None) -> float:
         """Give the lent devices back: stop their workers (requests migrate token-level, with KV unless

@@ -214,9 +214,12 @@ class Simulator:
         """Flip a worker's role with its weights resident; decodes leave a worker that becomes prefill."""
         t = self.clock.now
         if role is Role.PREFILL:
+            eng.sync(t)
             for r in [d.req for d in eng.dec.values()]:
                 eng.abort(r, t)
                 self._relocate(r, eng, migrate=True)
+            for r in list(eng.pre) + list(eng.waiting):
+                r.prefill_only = True  # queued turns now hand their KV to a decode worker
         eng.role = role
         self._serving_cache.clear()
         self.state.set_role(t, eng.wid, role)
