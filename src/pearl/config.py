@@ -189,9 +189,10 @@ def format_validation_error(err: ValidationError, what: str) -> str:
         return f"{what}: unknown field '{loc}'"
     val = e.get("input")
     shown = "" if isinstance(val, dict) or val is None else f" = {val!r}"
-    field = f"field '{loc}'{shown}" if loc else "config"
     more = f" (+{len(err.errors()) - 1} more)" if len(err.errors()) > 1 else ""
-    return f"{what}: {field}: {msg}{more}"
+    if not loc:
+        return f"{what}: {msg}{more}"
+    return f"{what}: field '{loc}'{shown}: {msg}{more}"
 
 
 def parse_config(data: dict[str, Any] | None, cls: type[T], what: str = "config") -> T:

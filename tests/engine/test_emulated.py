@@ -7,7 +7,9 @@ simulator's event heap does).
 """
 from __future__ import annotations
 
+import contextlib
 import math
+import signal
 
 import pytest
 
@@ -60,6 +62,21 @@ class Rig:
                 self.eng.segment_end(te)
 
 
+@contextlib.contextmanager
+def deadline(seconds: float):
+    """Turn a hang into a TimeoutError (SIGALRM; main thread, POSIX)."""
+    def expire(signum, frame):
+        raise TimeoutError(f"did not return within {seconds} s")
+
+    old = signal.signal(signal.SIGALRM, expire)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
+
+
 def fresh(rid: int, prompt: int, new: int, session: str | None = None) -> Request:
     return Request(rid, session or f"s{rid}", prompt, new)
 
@@ -100,6 +117,13 @@ def test_prefill_then_decode_in_a_mixed_engine():
     assert rig.done[1] == pytest.approx(10 * DT)
     assert r.num_generated == 10 and r.num_tokens == 310
     assert rig.eng.tokens_prefilled == 300 and rig.eng.tokens_decoded == 9
+
+
+def test_imported_request_with_nothing_left_to_decode_finishes_at_once():
+    rig = Rig(role=Role.DECODE)
+    with deadline(2.0):
+        rig.run([(0.0, imported(1, 100, 0), {"kv_ready": True})])
+    assert rig.done == {1: 0.0}
 
 
 def test_engine_idle_starts_at_arrival_time():
@@ -156,9 +180,6 @@ def test_preemption_recomputes_and_the_request_completes_with_all_its_tokens():
     assert rig.order == [1, 2]  # the newest was preempted, the oldest finished first
 
 
-@pytest.mark.xfail(strict=True, reason="EmulatedEngine._preempt_newest breaks ties in the join step by "
-                   "dict order (max() returns the first), so it preempts the OLDEST of two requests that "
-                   "started decoding in the same step; Scheduler preempts the newest (reversed(running))")
 def test_preemption_victim_is_the_newest_even_when_both_joined_in_the_same_step():
     rig = Rig(kv=1000)
     r1, r2 = fresh(1, 400, 300), fresh(2, 400, 300)

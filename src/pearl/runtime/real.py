@@ -119,24 +119,34 @@ class Run:
         es = cfg.engine
         roles = (["prefill"] + ["decode"] * (cfg.rollout_workers - 1)) if cfg.layout == "1P:1D" \
             else ["mixed"] * cfg.rollout_workers
-        self.engines = [TorchEngine(loaded, r, max_num_seqs=es.max_num_seqs, max_batched_tokens=es.max_batched_tokens,
-                                    kv_capacity_tokens=es.kv_capacity_tokens, seed=cfg.seed + i, wid=i)
-                        for i, r in enumerate(roles)]
+        self.backend: Any = None
+        if cfg.backend == "local":
+            self.engines = [TorchEngine(loaded, r, max_num_seqs=es.max_num_seqs,
+                                        max_batched_tokens=es.max_batched_tokens,
+                                        kv_capacity_tokens=es.kv_capacity_tokens, seed=cfg.seed + i, wid=i)
+                            for i, r in enumerate(roles)]
         model = copy.deepcopy(loaded.hf_model)
         model.requires_grad_(True)
         tc = cfg.trainer
         if getattr(tok, "pad_token_id", None) is not None and "pad_token_id" not in tc.model_fields_set:
             tc = tc.model_copy(update={"pad_token_id": int(tok.pad_token_id)})
         self.trainer = GRPOTrainer(model, tc, allowed_token_ids=list(allowed) if allowed else None)
-        self.agent = AgentLoop(self.engines, cfg.layout, lambda: load_env(cfg.env.name, **env_kwargs),
+        loop_cls = AgentLoop
+        if cfg.backend == "ray":  # last, so nothing after it can fail and leave Ray actors behind
+            from pearl.runtime.ray_backend import RayAgentLoop, RayBackend
+
+            self.backend = RayBackend(cfg, loaded, roles)
+            self.engines, loop_cls = self.backend.engines, RayAgentLoop
+        self.agent = loop_cls(self.engines, cfg.layout, lambda: load_env(cfg.env.name, **env_kwargs),
                                self.sampling, cfg.group_size, cfg.env.timeout_s, cfg.env.use_system_prompt)
-        self.layout = f"{cfg.layout} ({'+'.join(roles)})"
+        self.layout = f"{cfg.layout} ({'+'.join(roles)})" + (" [ray]" if self.backend else "")
         self.gate = StalenessGate(cfg.batch_size, cfg.staleness)
         self.groups: queue.Queue = queue.Queue()
         self.lock = threading.Lock()
         self.stop = threading.Event()
         self.error: BaseException | None = None
         self.counts = {"ok": 0, "failed": 0, "stale": 0}
+        self.admitted = 0  # trajectories started; = counts + unfinished() when the run ends
         self.fail_reasons: dict[str, int] = {}
         self.history: list[dict[str, Any]] = []
         self.trained_staleness: list[int] = []
@@ -150,6 +160,7 @@ class Run:
                 with self.lock:
                     while self.gate.capacity(self.trainer.version) >= self.cfg.group_size:
                         self.gate.on_start(self.cfg.group_size)
+                        self.admitted += self.cfg.group_size
                         # GRPO groups share an env seed; seeds advance so the env's map set is covered.
                         for g in self.agent.start_group(gid, self.cfg.seed * 100_003 + gid):
                             self._group_done(g)
@@ -169,6 +180,12 @@ class Run:
         self.gate.on_finish(ok, accepted=True)
         self.gate.on_finish(len(g.trajs) - ok, accepted=False)  # failed: slots come back
         self.groups.put(g)
+
+    def unfinished(self) -> int:
+        """Trajectories admitted but not counted when the run stopped: groups queued for the trainer and
+        groups with a member still in flight (finished members of those groups included)."""
+        open_groups = {id(ep.group): ep.group for ep in self.agent.episodes.values()}
+        return sum(len(g.trajs) for g in open_groups.values()) + self.groups.qsize() * self.cfg.group_size
 
     # ------------------------------------------------------------ trainer thread
     def train(self) -> None:
@@ -259,6 +276,7 @@ def summarize(history: list[dict[str, Any]], run: Run, wall_s: float) -> dict[st
             "reward_first5": mean(rewards[:k]), "reward_last5": mean(rewards[-k:]) if k else None,
             "success_last5": mean([m["success_rate"] for m in history[-5:] if m["success_rate"] is not None]),
             "trajectories": dict(run.counts), "failure_reasons": dict(run.fail_reasons),
+            "trajectories_admitted": run.admitted, "trajectories_unfinished": run.unfinished(),
             "staleness_eta": run.cfg.staleness, "staleness_max": max(st, default=0),
             "staleness_mean": mean([float(x) for x in st]) or 0.0, **run.agent.engine_stats()}
 
@@ -282,13 +300,17 @@ def run_training(config_path: Path | None, overrides: dict[str, Any] | None, out
     for t in threads:
         t.start()
     try:
-        threads[1].join()
+        try:
+            threads[1].join()
+        finally:
+            run.stop.set()
+            threads[0].join(timeout=30)
+        if run.error is not None:
+            raise run.error
+        summary = summarize(run.history, run, time.perf_counter() - t0)
     finally:
-        run.stop.set()
-        threads[0].join(timeout=30)
-    if run.error is not None:
-        raise run.error
-    summary = summarize(run.history, run, time.perf_counter() - t0)
+        if run.backend is not None:  # Ray actors (and Ray itself, if this run started it)
+            run.backend.close()
     (out_dir / cfg.summary_file).write_text(json.dumps(summary, indent=1))
     f5, l5 = summary["reward_first5"], summary["reward_last5"]
     fmt = lambda x: "-" if x is None else f"{x:.3f}"  # noqa: E731

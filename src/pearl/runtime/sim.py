@@ -247,6 +247,7 @@ class Simulator:
             tr.recomputes += 1
             self.recomputed_tokens += r.num_tokens
             r.prefill_only = False
+            tr.min_version = min(tr.min_version, dst.version)
             dst.submit(r, t)
             tr.home = dst
 
@@ -315,6 +316,7 @@ class Simulator:
             r.prefill_only = False
             eng = self._decode_target(tr)
             tr.home = eng
+        tr.min_version = min(tr.min_version, eng.version)  # conservative: no token of the turn is older
         eng.submit(r, t)
 
     def _fetched(self, eng: EmulatedEngine, r: Request, have: int) -> None:
@@ -322,6 +324,7 @@ class Simulator:
         if not eng.accepting:
             self._submit(tr, r, self.clock.now)
             return
+        tr.min_version = min(tr.min_version, eng.version)
         eng.submit(r, self.clock.now, have=have)
 
     def _on_done(self, eng: EmulatedEngine, r: Request, t: float) -> None:
@@ -350,9 +353,11 @@ class Simulator:
             tr.recomputes += 1
             self.recomputed_tokens += r.num_tokens
             tr.home = dst
+            tr.min_version = min(tr.min_version, dst.version)
             dst.submit(r, self.clock.now)
             return
         tr.home = dst
+        tr.min_version = min(tr.min_version, dst.version)
         dst.submit(r, self.clock.now, kv_ready=True)
 
     def _env_done(self, tr: SimTrajectory) -> None:

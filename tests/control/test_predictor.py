@@ -1,0 +1,159 @@
+"""Tests of pearl.control.predictor: the vectorised step times equal the roofline's, the fixed point
+converges and moves the right way (more environment latency -> lower decode concurrency; more devices
+-> never slower), completion respects the slowest trajectory's critical path, count-only predictions
+agree with the average over concrete batches, and three small cells land within 15% of the simulator."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from pearl.config import Dist, EngineConfig, ScenarioConfig, WorkloadConfig, parse_config
+from pearl.control.predictor import (BatchState, TrajectoryProgress, WorkloadStats, _Coeffs, _step, predict,
+                                     predict_many, prepare)
+from pearl.perf.hardware import get_hardware
+from pearl.perf.models import get_model
+from pearl.perf.roofline import PerfCoeffs, PerfModel
+from pearl.runtime.sim import Simulator
+from pearl.types import LayoutShape
+from pearl.workloads import Workload
+
+H800 = get_hardware("h800")
+Q8 = PerfModel(get_model("qwen3-8b"), H800)
+ENGINE = EngineConfig()
+
+
+def stats(profile: str = "math-tool", n: int = 512, **over) -> WorkloadStats:
+    return WorkloadStats.from_workload(Workload(WorkloadConfig(profile=profile, **over), 0), n)
+
+
+def batch_specs(cfg: ScenarioConfig):
+    """The trajectories the simulator admits at t=0 (same indices, groups and group prompts)."""
+    wl, g = Workload(cfg.workload, cfg.seed), cfg.rl.group_size
+    return [wl.trajectory(i * g + j, i, wl.group_prompt_tokens(i)) for i in range(cfg.rl.prompts_per_batch)
+            for j in range(g)]
+
+
+@pytest.mark.parametrize("model,tp,coeffs", [("qwen3-8b", 1, PerfCoeffs()), ("qwen3-8b", 2, PerfCoeffs()),
+                                             ("qwen3-30b-a3b", 1, PerfCoeffs()),
+                                             ("qwen3-30b-a3b", 4, PerfCoeffs(combine="sum", mfu=0.3))])
+def test_vectorised_step_equals_roofline(model, tp, coeffs):
+    pm = PerfModel(get_model(model), H800, tp=tp, coeffs=coeffs)
+    cf = _Coeffs.of(pm)
+    rng = np.random.default_rng(0)
+    for _ in range(50):
+        b, ctx = int(rng.integers(1, 200)), float(rng.integers(0, 10**6))
+        p, c = int(rng.integers(1, 8192)), float(rng.integers(0, 30000))
+        assert float(_step(cf, b, ctx)) == pytest.approx(pm.step_time(b, ctx), rel=1e-9)
+        attn = p * (c + p / 2)
+        assert float(_step(cf, b, ctx, p, attn)) == pytest.approx(pm.step_time(b, ctx, p, attn), rel=1e-9)
+
+
+def test_fixed_point_converges():
+    st = stats("swe", 256)
+    shapes = [LayoutShape.colocated(8), LayoutShape.disaggregated(2, 6), LayoutShape.disaggregated(6, 2)]
+    loose = predict_many(shapes, [Q8] * 3, ENGINE, st, BatchState.fresh(64))
+    tight = predict_many(shapes, [Q8] * 3, ENGINE, st, BatchState.fresh(64), tol=1e-6)
+    for a, b in zip(loose, tight):
+        assert a.breakdown["iterations"] < 60 and b.breakdown["iterations"] < 60
+        assert a.completion_s == pytest.approx(b.completion_s, rel=2e-3)
+
+
+def test_more_env_latency_lowers_decode_concurrency():
+    conc = []
+    for lat in (0.01, 1.0, 5.0, 20.0):
+        st = stats("search", 256, env_latency_s=Dist(kind="constant", value=lat))
+        conc.append(predict(LayoutShape.colocated(4), Q8, ENGINE, st, BatchState.fresh(64)).decode_concurrency)
+    assert all(a > b for a, b in zip(conc, conc[1:])), conc
+
+
+@pytest.mark.parametrize("profile", ["swe", "search", "game", "math-tool"])
+def test_more_devices_are_never_slower_colocated(profile):
+    st = stats(profile, 256)
+    shapes = [LayoutShape.colocated(n) for n in (1, 2, 4, 8, 16, 32)]
+    t = [p.completion_s for p in predict_many(shapes, [Q8] * len(shapes), ENGINE, st, BatchState.fresh(128))]
+    assert all(b <= a * (1 + 1e-3) for a, b in zip(t, t[1:])), t
+
+
+def test_completion_is_at_least_the_slowest_critical_path():
+    st = stats("math-tool", 64)
+    specs = [st.spec(i) for i in range(16)]
+    alone = max(sum(s.env_latency) + sum((r - 1) * Q8.step_time(1, s.prompt_tokens) for r in s.responses)
+                for s in specs)
+    for shape in (LayoutShape.colocated(4), LayoutShape.disaggregated(1, 3)):
+        assert predict(shape, Q8, ENGINE, st, BatchState.from_specs(specs)).completion_s >= alone
+
+
+def context_after(spec, turns: int) -> int:
+    """Tokens in context after `turns` finished turns (the next observation not yet added)."""
+    return spec.prompt_tokens + sum(spec.responses[:turns]) + sum(spec.observations[:max(turns - 1, 0)])
+
+
+def test_progress_shortens_the_prediction():
+    st = stats("game", 512)
+    specs = [s for s in (st.spec(i) for i in range(200)) if s.turns >= 4][:32]
+    shape = LayoutShape.colocated(4)
+    start = predict(shape, Q8, ENGINE, st, BatchState.from_specs(specs)).completion_s
+    half = tuple(TrajectoryProgress(s.turns // 2, context_after(s, s.turns // 2), s) for s in specs)
+    assert predict(shape, Q8, ENGINE, st, BatchState(trajectories=half)).completion_s < start
+    # Lengths unknown: trajectories 5 turns in have fewer turns left than fresh ones (game: 2-10 turns).
+    fresh = predict(shape, Q8, ENGINE, st, BatchState.fresh(32)).completion_s
+    later = BatchState(trajectories=tuple(TrajectoryProgress(5, 1500) for _ in range(32)))
+    assert predict(shape, Q8, ENGINE, st, later).completion_s < fresh
+
+
+def test_count_only_agrees_with_the_average_over_concrete_batches():
+    st_big, shape = stats("search", 4096), LayoutShape.colocated(4)
+    wl = Workload(WorkloadConfig(profile="search"), 0)
+    known = []
+    for seed in range(40):
+        wl.seed = seed
+        specs = [wl.trajectory(i, i) for i in range(32)]
+        known.append(predict(shape, Q8, ENGINE, stats("search", 64), BatchState.from_specs(specs)).completion_s)
+    count = predict(shape, Q8, ENGINE, st_big, BatchState.fresh(32)).completion_s
+    assert count == pytest.approx(np.mean(known), rel=0.08)
+
+
+def test_kv_pressure_evicts_and_slows():
+    st = stats("swe", 256)
+    roomy = PerfModel(get_model("qwen3-8b"), H800, memory_utilization=0.9)
+    tight = PerfModel(get_model("qwen3-8b"), H800, memory_utilization=0.3)
+    a, b = (predict(LayoutShape.colocated(4), pm, ENGINE, st, BatchState.fresh(64)) for pm in (roomy, tight))
+    assert b.breakdown["evicted_share"] > a.breakdown["evicted_share"]
+    assert b.completion_s > a.completion_s
+
+
+def test_stats_from_samples_and_prior():
+    st = stats("game", 512)
+    specs = [st.spec(i) for i in range(st.size)]
+    again = WorkloadStats.from_samples(specs)
+    for name in ("turns", "prompt_tokens", "response_tokens", "observation_tokens", "env_latency_s"):
+        assert again.mean(name) == pytest.approx(st.mean(name))
+    assert st.quantile("response_tokens", 0.9) > st.quantile("response_tokens", 0.5)
+    short = [s for s in specs if s.turns <= 3][:20]
+    blended = WorkloadStats.from_samples(short, prior=st, prior_weight=200)
+    assert WorkloadStats.from_samples(short).mean("turns") < blended.mean("turns") < st.mean("turns") + 1e-9
+
+
+def test_event_merging_keeps_totals():
+    st = stats("swe", 64)
+    full, merged = prepare(st, BatchState.fresh(32)), prepare(st, BatchState.fresh(32), max_events=4)
+    for k in ("ev_x", "ev_attn"):
+        assert (merged.work[k] * merged.work["ev_m"]).sum() == pytest.approx(full.work[k].sum())
+    assert merged.work["ev_x"].size <= 4 * len(merged.w)
+
+
+@pytest.mark.parametrize("profile,model,tp,layout", [
+    ("search", "qwen3-8b", 1, dict(mode="colocated")),
+    ("math-tool", "qwen3-8b", 1, dict(mode="disaggregated", prefill=1, decode=3)),
+    ("game", "qwen3-30b-a3b", 2, dict(mode="colocated")),
+])
+def test_within_15_percent_of_the_simulator(profile, model, tp, layout):
+    cfg = parse_config(dict(model=model, max_train_steps=1, duration_s=1e7, engine=dict(tp=tp),
+                            cluster=dict(rollout_devices=4), layout=layout, workload=dict(profile=profile),
+                            rl=dict(staleness=0, prompts_per_batch=4, group_size=8)), ScenarioConfig)
+    sim = Simulator(cfg)
+    truth = sim.run()["per_step"][0]["t_ready"]
+    st = WorkloadStats.from_workload(Workload(cfg.workload, 0), 128)
+    pred = predict(cfg.layout.shape(4, tp), sim.perf, cfg.engine, st, BatchState.from_specs(batch_specs(cfg)))
+    assert pred.completion_s == pytest.approx(truth, rel=0.15)
+    assert pred.bottleneck in ("decode", "env", "prefill")

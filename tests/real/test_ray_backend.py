@@ -1,0 +1,70 @@
+"""`pearl train` with `backend: ray` (each rollout worker a Ray actor): a short run completes within η,
+and a worker killed mid-run loses no trajectory (each is trained, failed, stale or still unfinished)."""
+import json
+import threading
+import time
+
+import pytest
+from rich.console import Console
+
+from pearl.runtime.real import run_training
+
+pytest.importorskip("transformers")
+ray = pytest.importorskip("ray")
+
+FAST = {"prompts_per_step": 2, "group_size": 4, "backend": "ray", "rollout_workers": 2}
+
+
+def _run(tmp_path, **over):
+    return run_training(None, {**FAST, **over}, tmp_path, Console(file=open("/dev/null", "w")))
+
+
+def _accounted(s):
+    c = s["trajectories"]
+    assert c["ok"] + c["failed"] + c["stale"] == s["steps"] * FAST["prompts_per_step"] * FAST["group_size"]
+    assert c["ok"] + c["failed"] + c["stale"] + s["trajectories_unfinished"] == s["trajectories_admitted"], s
+
+
+def test_ray_two_steps_complete_within_eta(tmp_path):
+    assert not ray.is_initialized()
+    s = _run(tmp_path, max_steps=2, staleness=1)
+    lines = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [m["step"] for m in lines] == [1, 2]
+    assert s["final_version"] == 2 and s["staleness_max"] <= 1 and "[ray]" in s["layout"]
+    assert all(m.get("staleness_max", 0) <= 1 for m in lines)
+    assert s["ray_workers_lost"] == 0 and s["engine_steps"] > 0
+    _accounted(s)
+    assert not ray.is_initialized()  # the run started Ray, so it stopped it
+
+
+def test_ray_worker_killed_mid_run_loses_no_trajectory(tmp_path):
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    try:
+        killed = []
+
+        def kill_worker_1():
+            # After the first trainer step the rollout is in full flow: kill worker 1 then.
+            deadline = time.monotonic() + 240
+            metrics = tmp_path / "metrics.jsonl"
+            while time.monotonic() < deadline:
+                names = [a["name"] if isinstance(a, dict) else a for a in ray.util.list_named_actors()]
+                w1 = [n for n in names if n.startswith("pearl-rollout-1-")]
+                if w1 and metrics.exists() and metrics.read_text().strip():
+                    ray.kill(ray.get_actor(w1[0]))
+                    killed.append(w1[0])
+                    return
+                time.sleep(0.01)
+
+        t = threading.Thread(target=kill_worker_1, daemon=True)
+        t.start()
+        s = _run(tmp_path, max_steps=4)
+        t.join(timeout=5)
+        assert killed, "worker 1 was never killed"
+        assert s["steps"] == 4 and s["final_version"] >= 1
+        assert s["ray_workers_lost"] == 1
+        # Its in-flight trajectories (or the next one routed to it) were moved to worker 0, not dropped.
+        assert s["ray_trajectories_resubmitted"] + s["ray_trajectories_failed_worker_lost"] >= 1
+        _accounted(s)
+        assert ray.is_initialized()  # Ray was already running: the run leaves it up
+    finally:
+        ray.shutdown()
