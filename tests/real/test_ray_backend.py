@@ -68,3 +68,17 @@ def test_ray_worker_killed_mid_run_loses_no_trajectory(tmp_path):
         assert ray.is_initialized()  # Ray was already running: the run leaves it up
     finally:
         ray.shutdown()
+
+
+def test_ray_that_will_not_start_is_a_one_line_error(tmp_path, monkeypatch):
+    from pearl.errors import PearlError
+    from pearl.runtime import ray_backend
+
+    def boom(**kwargs):
+        raise RuntimeError("no raylet\nsecond line")
+
+    monkeypatch.setattr(ray_backend.ray, "is_initialized", lambda: False)
+    monkeypatch.setattr(ray_backend.ray, "init", boom)
+    with pytest.raises(PearlError) as e:
+        _run(tmp_path, max_steps=1)
+    assert "backend: local" in str(e.value) and "no raylet" in str(e.value) and "\n" not in str(e.value)
