@@ -110,7 +110,7 @@ def plan(
     ranked, elapsed = advise(model, hardware, devices, workload, batch, tps)
     t = Table(title=f"{model} on {devices}× {hardware}, {workload}, batch {batch}  ({elapsed * 1e3:.1f} ms)")
     for c in ("rank", "layout", "batch time (s)", "tokens/s", "decode conc.", "bottleneck"):
-        t.add_column(c)
+        t.add_column(c, no_wrap=True)
     for i, (shape, p) in enumerate(ranked[:top], 1):
         t.add_row(str(i), str(shape), f"{p.completion_s:.1f}", f"{p.tokens_per_s:.0f}",
                   f"{p.decode_concurrency:.1f}", p.bottleneck)

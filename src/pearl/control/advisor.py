@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 
 from pearl.config import EngineConfig, WorkloadConfig
-from pearl.control.predictor import BatchState, Prediction, WorkloadStats, predict_many
+from pearl.control.predictor import BatchState, Prediction, WorkloadStats, predict_many, prepare
 from pearl.control.selector import candidates
 from pearl.errors import ConfigError, ResourceError
 from pearl.perf.hardware import get_hardware
@@ -34,6 +34,8 @@ def advise(model: str, hardware: str, devices: int, workload: str, batch: int,
     if not perfs:
         raise ResourceError(f"{shape_m.name} does not fit on {hw.name} at tp in {list(tps)}: try a larger --tp")
     shapes = candidates(devices, tuple(perfs))
-    preds = predict_many(shapes, [perfs[s.tp] for s in shapes], EngineConfig(), stats, BatchState.fresh(batch))
+    b = BatchState.fresh(batch)
+    preds = predict_many(shapes, [perfs[s.tp] for s in shapes], EngineConfig(), stats, b,
+                         reps=prepare(stats, b, 64, 8), tol=1e-2, grid_points=48)
     ranked = sorted(zip(shapes, preds), key=lambda x: x[1].completion_s)
     return ranked, time.perf_counter() - t0

@@ -48,6 +48,9 @@ class EmulatedEngine:
         self.pre_reserved = 0  # Σ num_tokens of admitted prefills (their KV is reserved)
         self.pre_pending = 0  # Σ tokens still to prefill
         self.waiting: deque[Request] = deque()
+        self.waiting_held = 0  # KV that queued requests already hold (retained prefix, imported KV)
+        self._held: dict[Request, int] = {}
+        self.incoming_tokens = 0  # KV hand-offs on their way here (the router counts them as load)
         self.idle: OrderedDict[str, int] = OrderedDict()  # retained session KV, LRU first
         self.idle_tokens = 0
         self.paused_until = 0.0
@@ -79,7 +82,7 @@ class EmulatedEngine:
         return len(self.dec) + len(self.pre) + len(self.waiting)
 
     def kv_used(self) -> int:
-        return self.ctx_base + len(self.dec) * self.step + self.pre_reserved + self.idle_tokens
+        return self.ctx_base + len(self.dec) * self.step + self.pre_reserved + self.idle_tokens + self.waiting_held
 
     def holds(self, session: str) -> int:
         return self.idle.get(session, 0)
@@ -95,9 +98,16 @@ class EmulatedEngine:
         req.arrival_t = t
         held = self.idle.pop(req.session, 0)
         self.idle_tokens -= held
-        req.num_computed = req.num_tokens - 1 if kv_ready else min(max(held, have), req.num_tokens - 1)
+        # KV held here while queued (a retained prefix, imported KV); a prefix fetched from a peer
+        # (`have`) is pulled in only when the request is admitted, so it holds no memory yet.
+        # Imported KV (kv_ready) likewise lands on admission: until then only the part of the context
+        # this worker retained is in its memory (pull-based hand-off: no worker is over-committed).
+        here = min(held, req.num_tokens - 1)
+        req.num_computed = req.num_tokens - 1 if kv_ready else max(here, min(have, req.num_tokens - 1))
         req.status = RequestStatus.WAITING
         self.waiting.append(req)
+        self._held[req] = here
+        self.waiting_held += here
         self.plan(t)
 
     def drop_session(self, session: str) -> None:
@@ -117,6 +127,7 @@ class EmulatedEngine:
             self.pre_pending -= req.pending
         elif req in self.waiting:
             self.waiting.remove(req)
+            self.waiting_held -= self._held.pop(req, 0)
         req.status = RequestStatus.ABORTED
         self.plan(t)
         return req
@@ -230,6 +241,16 @@ class EmulatedEngine:
             _, tok = self.idle.popitem(last=False)
             self.idle_tokens -= tok
             self.evictions += 1
+        if self._free() < need:  # then the prefixes that queued requests hold, newest first
+            for r in reversed(self.waiting):
+                here = self._held.get(r, 0)
+                if here:
+                    self._held[r] = 0
+                    self.waiting_held -= here
+                    r.num_computed = 0
+                    self.evictions += 1
+                    if self._free() >= need:
+                        break
         return self._free() >= need
 
     def _admit(self, t: float) -> None:
@@ -241,12 +262,15 @@ class EmulatedEngine:
             # A watermark keeps room for the running decodes to grow (as vLLM does), so a request just
             # preempted is not readmitted straight away only to force another preemption (thrash).
             watermark = 16 * len(self.dec) + self.kv_capacity // 100 if not ready else 0
-            if not self._make_room(r.num_tokens + watermark):
+            here = self._held.get(r, 0)
+            if not self._make_room(r.num_tokens - here + watermark):
                 if len(self.dec) + len(self.pre) == 0 and r.num_tokens > self.kv_capacity:
                     raise MemoryError(f"request of {r.num_tokens} tokens exceeds worker KV capacity "
                                       f"{self.kv_capacity}")
                 break
+            here = self._held.get(r, 0)
             self.waiting.popleft()
+            self.waiting_held -= self._held.pop(r, 0)
             if ready and r.num_generated >= r.max_new_tokens:  # nothing left to decode (1-token turn)
                 self._finish(r, t)
             elif ready:
@@ -305,7 +329,13 @@ class EmulatedEngine:
             self._admit(t0)
         k = int(k)
         ctx_mid = self.ctx_base + B * self.step + B * (k - 1) / 2
-        attn = chunk * (self.pre[0].num_computed + chunk / 2) if chunk else 0.0
+        attn, left = 0.0, chunk
+        for r in self.pre:  # the first step's chunk, split over the queued prefills in FIFO order
+            if left <= 0:
+                break
+            n = min(r.pending, left)
+            attn += n * (r.num_computed + n / 2)
+            left -= n
         self.seg_dt = self.step_time(B, ctx_mid, chunk, attn)
         self.seg_t0, self.seg_k, self.seg_chunk = t0, k, chunk
         self.end_t = t0 + k * self.seg_dt

@@ -17,7 +17,9 @@ from pearl.types import Role
 
 
 def kv_pressure(e: Any) -> float:
-    return e.kv_used() / e.kv_capacity + 0.002 * e.load()
+    # KV hand-offs still in flight count too, or hand-offs finishing together all pick one worker
+    incoming = getattr(e, "incoming_tokens", 0)
+    return (e.kv_used() + incoming) / e.kv_capacity + 0.002 * (e.load() + (incoming > 0))
 
 
 def _two_choices(candidates: Sequence[Any], key, rng: random.Random | None) -> Any:

@@ -20,8 +20,8 @@ from pearl.config import PolicyConfig
 from pearl.control.borrowing import BorrowPlanner
 from pearl.control.planner import (DeviceView, StepKind, TransitionCosts, WorkerView, plan_full_restart,
                                    plan_transition)
-from pearl.control.predictor import BatchState, WorkloadStats, predict_many
-from pearl.control.selector import candidates
+from pearl.control.predictor import BatchState, WorkloadStats, predict_many, prepare
+from pearl.control.selector import select
 from pearl.control.switching import SwitchGate
 from pearl.runtime.policies import Policy
 from pearl.types import DeviceStatus, LayoutShape, Mode, Pool, Role
@@ -41,6 +41,7 @@ class ControlledPolicy(Policy):
     def __init__(self, cfg: PolicyConfig):
         super().__init__(cfg)
         self.gate = SwitchGate.from_policy(cfg)
+        self.scale_out_gate = SwitchGate.from_policy(cfg, hysteresis=0.0)
         self.borrower = BorrowPlanner.from_policy(cfg)
         self.last_switch: float | None = None
         self.lent: list[int] = []
@@ -50,7 +51,10 @@ class ControlledPolicy(Policy):
     def setup(self, sim: "Simulator") -> None:
         super().setup(sim)
         self.stats = WorkloadStats.from_workload(sim.workload)
-        self.batch = BatchState.fresh(sim.batch_trajs)
+        # In async RL, (η + 1) batches are in flight: the next batch is done when that pipeline drains,
+        # so that is the batch whose completion we predict (a lone batch is set by its slowest member).
+        self.batch = BatchState.fresh((sim.cfg.rl.staleness + 1) * sim.batch_trajs)
+        self.reps = prepare(self.stats, self.batch, 32, 8)
         self.costs = TransitionCosts(
             flip_s=0.05, migrate_request_s=sim.perf.kv_transfer_time(8192, False),
             start_s=sim.perf.weight_transfer_time("peer") + WAKE_S, stop_s=0.5)
@@ -95,10 +99,9 @@ class ControlledPolicy(Policy):
         return out
 
     # ------------------------------------------------------------------ deciding
-    def _shapes(self, n_workers: int, tp: int) -> list[LayoutShape]:
-        if not self.adapt_pd or n_workers < 2:
-            return [LayoutShape.colocated(n_workers, tp)]
-        return [s for s in candidates(n_workers * tp, (tp,))]
+    def _predict(self, sim: "Simulator", shapes: list[LayoutShape]):
+        return predict_many(shapes, [sim.perf] * len(shapes), sim.cfg.engine, self.stats, self.batch,
+                            sim.cfg.cluster.devices_per_node, reps=self.reps, tol=1e-2, grid_points=48)
 
     def decide(self, sim: "Simulator", why: str) -> None:
         t = sim.clock.now
@@ -109,13 +112,14 @@ class ControlledPolicy(Policy):
         if n_workers < 1:
             return
         cur = sim.state.shape()
-        shapes = self._shapes(n_workers, tp)
         valid_cur = cur.n_workers > 0 and (cur.n_mixed + cur.n_decode) > 0 and \
             (cur.mode is Mode.COLOCATED or cur.n_prefill > 0)
-        allp = predict_many(shapes + ([cur] if valid_cur else []), [sim.perf] * (len(shapes) + valid_cur),
-                            sim.cfg.engine, self.stats, self.batch, sim.cfg.cluster.devices_per_node)
-        cur_s = allp[-1].completion_s if valid_cur else math.inf
-        ranked = sorted(zip(shapes, allp[:len(shapes)]), key=lambda x: x[1].completion_s)
+        cur_s = self._predict(sim, [cur])[0].completion_s if valid_cur else math.inf
+        only = None if self.adapt_pd and n_workers >= 2 else [LayoutShape.colocated(n_workers, tp)]
+        sel = select(n_workers * tp, {tp: sim.perf}, sim.cfg.engine, self.stats, self.batch,
+                     current=cur if valid_cur else None, shapes=only,
+                     devices_per_node=sim.cfg.cluster.devices_per_node)
+        ranked = [(s_, p_) for s_, p_, _, _ in sel.ranked]
         best_shape, best_pred = ranked[0]
         if best_shape == cur and not free:
             self._record(sim, why, ranked, cur, cur_s, None, "keep: the current layout is the best")
@@ -131,8 +135,13 @@ class ControlledPolicy(Policy):
             # Gain over the work the window holds (several batches), against a one-off transition.
             horizon = min(window, self.cfg.horizon_s)
             cand_h = horizon * best_pred.completion_s / cur_s + plan.makespan_s if math.isfinite(cur_s) else 0.0
-            v = self.gate.decide(t, horizon, cand_h, plan.makespan_s, window, self.last_switch,
-                                 candidate=best_shape)
+            if why == "periodic":  # a re-estimate: demand a streak, so noise cannot flap the layout
+                v = self.gate.decide(t, horizon, cand_h, plan.makespan_s, window, self.last_switch,
+                                     candidate=best_shape)
+            else:  # the budget itself changed (devices came or go): a fact, not noise
+                # a pure scale-out (only starts) disturbs no running worker: no hysteresis band needed
+                gate = self.scale_out_gate if plan.n_stops + plan.n_flips == 0 else self.gate
+                v = gate.evaluate(t, horizon, cand_h, plan.makespan_s, window, None)
             ok, reason = v.switch, v.reason
         else:
             ok, reason = best_shape != cur or bool(free), "switch: no cost model"

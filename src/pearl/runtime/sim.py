@@ -242,6 +242,7 @@ class Simulator:
             tr.migrations += 1
             self.migrated += 1
             delay = self.perf.kv_transfer_time(r.num_tokens, self.node_of(src.devices[0]) == self.node_of(dst.devices[0]))
+            dst.incoming_tokens += r.num_tokens
             self.clock.at(t + delay, self._arrive_decode, tr, r, dst)
         else:
             tr.recomputes += 1
@@ -335,6 +336,7 @@ class Simulator:
             dst = pick_decode(self.serving(Role.DECODE) or self.serving(Role.MIXED), tr.id, tr.home, self.route_rng)
             missing = r.num_tokens - 1 - dst.holds(tr.id)
             same = self.node_of(eng.devices[0]) == self.node_of(dst.devices[0])
+            dst.incoming_tokens += r.num_tokens
             self.clock.at(t + self.perf.kv_transfer_time(max(missing, 0), same), self._arrive_decode, tr, r, dst)
             return
         tr.generated += r.num_generated
@@ -347,6 +349,7 @@ class Simulator:
         self.clock.at(t + tr.spec.env_latency[tr.turn - 1], self._env_done, tr)
 
     def _arrive_decode(self, tr: SimTrajectory, r: Request, dst: EmulatedEngine) -> None:
+        dst.incoming_tokens = max(0, dst.incoming_tokens - r.num_tokens)
         if not dst.accepting:  # the target left while the KV was in flight: resume by recompute
             dst = self._decode_target(tr)
             r.num_computed = 0
