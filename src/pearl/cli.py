@@ -133,7 +133,7 @@ def main() -> None:
     try:
         app()
     except PearlError as e:
-        err.print(f"[bold red]error:[/] {e}", highlight=False)
+        print(f"error: {e}", file=sys.stderr)  # one line, never wrapped
         sys.exit(e.exit_code)
     except KeyboardInterrupt:
         err.print("interrupted")

@@ -1,0 +1,63 @@
+"""The `pearl` command line as a user meets it: help, a plan, a simulation, and one-line errors."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def pearl(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "pearl.cli", *args], capture_output=True, text=True,
+                          cwd=cwd or ROOT, timeout=300)
+
+
+def test_help_lists_every_command():
+    r = pearl("--help")
+    assert r.returncode == 0
+    for cmd in ("simulate", "plan", "train"):
+        assert cmd in r.stdout
+
+
+def test_plan_ranks_layouts():
+    r = pearl("plan", "--devices", "8", "--workload", "math-tool", "--top", "3")
+    assert r.returncode == 0, r.stderr
+    assert "colocated" in r.stdout and "1" in r.stdout
+
+
+def test_simulate_saves_a_result(tmp_path):
+    scen = tmp_path / "s.yaml"
+    scen.write_text("name: tiny\nduration_s: 300\ncluster: {rollout_devices: 2, train_devices: 1}\n"
+                    "workload: {profile: game}\nrl: {prompts_per_batch: 2, group_size: 4}\n")
+    out = tmp_path / "r.json"
+    r = pearl("simulate", str(scen), "--out", str(out))
+    assert r.returncode == 0, r.stderr
+    res = json.loads(out.read_text())
+    assert res["train_steps"] >= 2 and res["throughput"]["trajectories_per_s"] > 0
+
+
+@pytest.mark.parametrize("body,needle", [
+    ("cluster: {rollout_devices: -3}\n", "cluster.rollout_devices"),
+    ("clustr: {rollout_devices: 3}\n", "unknown field 'clustr'"),
+    ("model: qwen9-1t\n", "known: "),
+    ("layout: {mode: disaggregated, prefill: 3, decode: 3}\ncluster: {rollout_devices: 8}\n", "needs 6 devices"),
+    ("workload: {response_tokens: {kind: lognormal, median: 100, p90: 50}}\n", "p90"),
+    ("cluster: [1, 2\n", "not valid YAML"),
+])
+def test_bad_scenarios_fail_with_one_line_and_exit_2(tmp_path, body, needle):
+    scen = tmp_path / "bad.yaml"
+    scen.write_text(body)
+    r = pearl("simulate", str(scen), "--out", str(tmp_path / "r.json"))
+    assert r.returncode == 2
+    assert "Traceback" not in r.stderr
+    lines = [ln for ln in r.stderr.strip().splitlines() if ln.strip()]
+    assert len(lines) == 1 and needle in lines[0], r.stderr
+
+
+def test_missing_scenario_file_is_a_clear_error(tmp_path):
+    r = pearl("simulate", str(tmp_path / "nope.yaml"))
+    assert r.returncode == 2 and "not found" in r.stderr and "Traceback" not in r.stderr
