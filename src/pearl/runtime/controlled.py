@@ -151,12 +151,17 @@ class ControlledPolicy(Policy):
             self.execute(sim, plan)
 
     def _window(self, sim: "Simulator", free: list[DeviceView]) -> float:
-        lent = [sim.state.devices[d.id].lease_deadline for d in free if d.pool is Pool.TRAIN]
-        w = min((x - sim.clock.now for x in lent if x is not None), default=math.inf)
-        if any(d.pool is Pool.ELASTIC for d in free):  # expected stay ~ the median lifetime
-            el = sim.cfg.cluster.elastic.lifetime_s
-            w = min(w, el.median or el.value or 3600.0)
-        return w
+        """How long the budget's transient devices (lent or elastic, free or serving) should stay."""
+        devs = [sim.state.devices[d.id] for d in free]
+        devs += [sim.state.devices[d] for e in sim.engines.values() for d in e.devices]
+        now, w = sim.clock.now, math.inf
+        for d in devs:
+            if d.pool is Pool.TRAIN and d.lease_deadline is not None:
+                w = min(w, d.lease_deadline - now)
+            elif d.pool is Pool.ELASTIC:  # expected stay ~ the median lifetime, or until the notice
+                el = sim.cfg.cluster.elastic.lifetime_s
+                w = min(w, (d.notice_at - now) if d.notice_at is not None else (el.median or el.value or 3600.0))
+        return max(w, 0.0)
 
     def _record(self, sim, why, ranked, cur, cur_s, plan, reason, best=None, best_pred=None) -> None:
         sim.decisions.append(dict(
@@ -206,7 +211,8 @@ class ControlledPolicy(Policy):
         n = len(sim.train_devices)
         ret_cost = self.costs.stop_s + self.costs.migrate_request_s * 4
         if self.cost_model:
-            v = self.borrower.should_lend(t, idle_until, n, self._lend_gain(sim, n), WAKE_S, ret_cost)
+            gain, role = self._lend_gain(sim, n)
+            v = self.borrower.should_lend(t, idle_until, n, gain, WAKE_S, ret_cost)
             sim.decisions.append(dict(t=round(t, 3), trigger="trainer idle", switch=False,
                                       borrow=v.lend, reason=v.reason))
             if not v.lend:
@@ -214,29 +220,35 @@ class ControlledPolicy(Policy):
             deadline, ret_at = v.deadline, v.return_start_at
         else:
             deadline, ret_at = max(idle_until, t + 1.0), None
+            role = Role.MIXED
         sim.lend(list(sim.train_devices), deadline)
         self.lent = list(sim.train_devices)
         tp = sim.cfg.engine.tp
-        disagg = bool(sim.serving(Role.PREFILL)) and self.adapt_pd
-        role = Role.PREFILL if disagg else Role.MIXED  # prefill holds no long-lived KV: cheap to vacate
         for i in range(0, len(self.lent) - tp + 1, tp):
             sim.start_worker(tuple(self.lent[i:i + tp]), role, load_s=WAKE_S)
         if ret_at is not None:
             self.return_at = ret_at
             sim.clock.at(max(t, ret_at), self._return, sim, ret_at)
 
-    def _lend_gain(self, sim: "Simulator", n: int) -> float:
-        """Predicted fraction of batch time saved per lent device per second it serves."""
+    def _lend_gain(self, sim: "Simulator", n: int) -> tuple[float, Role]:
+        """The best role for `n` lent devices and its predicted fraction of batch time saved per lent
+        device per second it serves. Ties go to prefill: it holds no long-lived KV, so it is the
+        cheapest to vacate."""
         cur = sim.state.shape()
         tp = sim.cfg.engine.tp
         add = n // tp
-        more = (LayoutShape.disaggregated(cur.n_prefill + add, cur.n_decode, tp) if cur.n_prefill and self.adapt_pd
-                else LayoutShape.colocated(cur.n_mixed + cur.n_decode + cur.n_prefill + add, tp))
         if cur.n_workers == 0 or (cur.n_mixed + cur.n_decode) == 0:
-            return 0.0
-        a, b = predict_many([cur, more], [sim.perf] * 2, sim.cfg.engine, self.stats, self.batch,
-                            sim.cfg.cluster.devices_per_node)
-        return max(0.0, (a.completion_s - b.completion_s) / a.completion_s) / max(1, n)
+            return 0.0, Role.MIXED
+        if cur.n_prefill and self.adapt_pd:
+            options = {Role.PREFILL: LayoutShape.disaggregated(cur.n_prefill + add, cur.n_decode, tp),
+                       Role.DECODE: LayoutShape.disaggregated(cur.n_prefill, cur.n_decode + add, tp)}
+        else:
+            options = {Role.MIXED: LayoutShape.colocated(cur.n_workers + add, tp)}
+        preds = self._predict(sim, [cur, *options.values()])
+        base = preds[0].completion_s
+        gains = {role: (base - p.completion_s) / base for role, p in zip(options, preds[1:])}
+        role = max(gains, key=lambda r: (round(gains[r], 3), r is Role.PREFILL))
+        return max(0.0, gains[role]) / max(1, n), role
 
     def _return(self, sim: "Simulator", tag: float | None = None) -> float:
         """Give the lent devices back: stop their workers (requests migrate token-level, with KV unless
@@ -253,6 +265,7 @@ class ControlledPolicy(Policy):
         sim.reclaim(self.lent)
         self.lent = []
         self.return_at = None
+        self.decide(sim, "borrowed devices returned")  # the remaining layout may need a role back
         return wait
 
     def trainer_needs_devices(self, sim: "Simulator", t: float) -> float:
