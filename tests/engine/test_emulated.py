@@ -7,15 +7,14 @@ simulator's event heap does).
 """
 from __future__ import annotations
 
-import contextlib
 import math
-import signal
 
 import pytest
 
 from pearl.engine.emulated import EmulatedEngine
 from pearl.engine.request import Request, RequestStatus
 from pearl.types import Role
+from tests.helpers import deadline
 
 DT = 0.01
 
@@ -62,19 +61,6 @@ class Rig:
                 self.eng.segment_end(te)
 
 
-@contextlib.contextmanager
-def deadline(seconds: float):
-    """Turn a hang into a TimeoutError (SIGALRM; main thread, POSIX)."""
-    def expire(signum, frame):
-        raise TimeoutError(f"did not return within {seconds} s")
-
-    old = signal.signal(signal.SIGALRM, expire)
-    signal.setitimer(signal.ITIMER_REAL, seconds)
-    try:
-        yield
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, old)
 
 
 def fresh(rid: int, prompt: int, new: int, session: str | None = None) -> Request:

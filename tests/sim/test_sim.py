@@ -7,10 +7,8 @@ Each run is a few hundred virtual seconds of a 2-4 device cluster on the `game`/
 from __future__ import annotations
 
 import collections
-import contextlib
 import json
 import os
-import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -21,6 +19,7 @@ from pearl.config import ScenarioConfig, deep_merge, parse_config
 from pearl.engine.emulated import EmulatedEngine
 from pearl.engine.request import Request
 from pearl.runtime.sim import SimTrajectory, Simulator
+from tests.helpers import deadline
 
 BASE = {"duration_s": 300, "cluster": {"rollout_devices": 2, "train_devices": 1},
         "workload": {"profile": "game"}, "rl": {"prompts_per_batch": 4, "group_size": 4, "staleness": 1}}
@@ -38,19 +37,6 @@ def run(*overrides: dict) -> dict:
     return Simulator(config(*overrides)).run()
 
 
-@contextlib.contextmanager
-def deadline(seconds: float):
-    """Turn a hang into a TimeoutError (SIGALRM; main thread, POSIX)."""
-    def expire(signum, frame):
-        raise TimeoutError(f"did not return within {seconds} s")
-
-    old = signal.signal(signal.SIGALRM, expire)
-    signal.setitimer(signal.ITIMER_REAL, seconds)
-    try:
-        yield
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, old)
 
 
 def canonical(result: dict) -> str:
