@@ -392,13 +392,9 @@ def _solve(cf, n_dw, n_p, dis, p_same, engine: EngineConfig, reps: BatchReps, to
         demand = S_all * oth * mate + own_ctx
         evict = np.minimum(np.maximum(demand - cf.cap, 0.0) / np.maximum(demand - ctx - own_ctx, 1.0), 1.0)
         m_ctx = S_all / np.maximum(S_w, 1e-12)
-        # Colocated, an evicted context is recomputed. Disaggregated, it is re-sent to the decode
-        # worker, from the prefill worker that last prefilled it if that one still holds it: the
-        # prefill workers retain at most n_p·cap of the alive sessions' contexts (idle, LRU), so a share
-        # `miss_p` of them is gone there too and the prefill worker recomputes it (its queue's work).
-        rec_c = (cf.a_tok * m_ctx + cf.a_pair * m_ctx ** 2 / 2) / cf.flop_rate
-        miss_p = np.where(dis, np.clip(1.0 - n_p * cf.cap / np.maximum(S_all, 1e-9), 0.0, 1.0), 0.0)
-        rec = np.where(dis, m_ctx * xfer + miss_p * rec_c, rec_c)
+        # Colocated, an evicted context is recomputed; disaggregated, the prefill worker that last
+        # prefilled it still holds it (as the simulator's queued requests keep theirs), so it is re-sent.
+        rec = np.where(dis, m_ctx * xfer, (cf.a_tok * m_ctx + cf.a_pair * m_ctx ** 2 / 2) / cf.flop_rate)
         tau_d, membound = _step(cf, B / kv_slow, ctx / kv_slow, parts=True)
         kappa = np.where((cf.sum > 0) | membound, cf.b_kv / cf.byte_rate, 0.0) + np.where(
             (cf.sum > 0) | ~membound, cf.a_pair / cf.flop_rate, 0.0)  # own context, per token per step
@@ -413,7 +409,7 @@ def _solve(cf, n_dw, n_p, dis, p_same, engine: EngineConfig, reps: BatchReps, to
         # trajectories per server, each back after Z s of thinking, service s. Schweitzer's MVA gives
         # the residence R: R(Z + R) = s(Z + R) + s(n-1)R, light load R ~ s, saturation R ~ n·s - Z.
         n_q = np.where(dis, S_w / np.maximum(n_p, 1), 1 + S_w * oth * mate)
-        s_q = np.where(dis, s1 + evict * miss_p * rec_c, d_mean + evict * rec)  # and recomputes evicted contexts
+        s_q = np.where(dis, s1, d_mean + evict * rec)  # a mixed worker also recomputes evicted contexts
         z_q = S_z / np.maximum(S_w, 1e-12)
         b_q = z_q - n_q * s_q
         wq = np.maximum((np.sqrt(b_q ** 2 + 4 * s_q * z_q) - b_q) / 2 - s_q, 0.0)
