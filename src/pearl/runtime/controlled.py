@@ -14,6 +14,7 @@ decision with its reason, and executes the chosen plan through the simulator's a
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from pearl.config import PolicyConfig
@@ -21,6 +22,7 @@ from pearl.control.borrowing import BorrowPlanner
 from pearl.control.planner import (DeviceView, StepKind, TransitionCosts, WorkerView, plan_full_restart,
                                    plan_transition)
 from pearl.control.predictor import BatchState, WorkloadStats, predict_many, prepare
+from pearl.control.refit import ThroughputRefit
 from pearl.control.selector import select
 from pearl.control.switching import SwitchGate
 from pearl.runtime.policies import Policy
@@ -44,6 +46,9 @@ class ControlledPolicy(Policy):
         self.scale_out_gate = SwitchGate.from_policy(cfg, hysteresis=0.0)
         self.borrower = BorrowPlanner.from_policy(cfg)
         self.last_switch: float | None = None
+        self.refit = ThroughputRefit()
+        self._mark: tuple | None = None  # (t, shape, generated tokens, changes) at the last tick
+        self._changes = 0  # layout changes made by this policy (a measurement spans none)
         self.lent: list[int] = []
         self.return_at: float | None = None
 
@@ -61,6 +66,7 @@ class ControlledPolicy(Policy):
         sim.clock.at(self.cfg.decision_interval_s, self._tick, sim)
 
     def _tick(self, sim: "Simulator") -> None:
+        self._measure(sim)
         self.decide(sim, "periodic")
         sim.clock.at(sim.clock.now + self.cfg.decision_interval_s, self._tick, sim)
 
@@ -103,6 +109,19 @@ class ControlledPolicy(Policy):
         return predict_many(shapes, [sim.perf] * len(shapes), sim.cfg.engine, self.stats, self.batch,
                             sim.cfg.cluster.devices_per_node, reps=self.reps, tol=1e-2, grid_points=48)
 
+    def _measure(self, sim: "Simulator") -> None:
+        """Feed the refit with the tokens the current shape generated since the last tick, if the
+        shape did not change and the pipeline was full at both ends (in a batch's tail or while the
+        trainer holds back admission, throughput says more about demand than about the layout)."""
+        t, shape = sim.clock.now, sim.state.shape()
+        tokens = sum(e.tokens_decoded for e in sim.all_engines)
+        full = sim.active >= 0.8 * self.batch.size
+        m = self._mark
+        if m is not None and full and m[4] and m[1] == shape and m[3] == self._changes and shape.n_workers > 0 \
+                and (shape.n_mixed + shape.n_decode) > 0 and (shape.mode is Mode.COLOCATED or shape.n_prefill):
+            self.refit.observe(shape, tokens - m[2], t - m[0], self._predict(sim, [shape])[0].tokens_per_s)
+        self._mark = (t, shape, tokens, self._changes, full)
+
     def decide(self, sim: "Simulator", why: str) -> None:
         t = sim.clock.now
         tp = sim.cfg.engine.tp
@@ -114,12 +133,14 @@ class ControlledPolicy(Policy):
         cur = sim.state.shape()
         valid_cur = cur.n_workers > 0 and (cur.n_mixed + cur.n_decode) > 0 and \
             (cur.mode is Mode.COLOCATED or cur.n_prefill > 0)
-        cur_s = self._predict(sim, [cur])[0].completion_s if valid_cur else math.inf
+        cur_s = self.refit.corrected(cur, self._predict(sim, [cur])[0].completion_s) if valid_cur else math.inf
         only = None if self.adapt_pd and n_workers >= 2 else [LayoutShape.colocated(n_workers, tp)]
         sel = select(n_workers * tp, {tp: sim.perf}, sim.cfg.engine, self.stats, self.batch,
                      current=cur if valid_cur else None, shapes=only,
                      devices_per_node=sim.cfg.cluster.devices_per_node)
-        ranked = [(s_, p_) for s_, p_, _, _ in sel.ranked]
+        # rank by the predictions as corrected by what each shape was measured to do
+        ranked = sorted(((s_, replace(p_, completion_s=self.refit.corrected(s_, p_.completion_s)))
+                         for s_, p_, _, _ in sel.ranked), key=lambda x: x[1].completion_s)
         best_shape, best_pred = ranked[0]
         if best_shape == cur and not free:
             self._record(sim, why, ranked, cur, cur_s, None, "keep: the current layout is the best")
@@ -148,6 +169,7 @@ class ControlledPolicy(Policy):
         self._record(sim, why, ranked, cur, cur_s, plan if ok else None, reason, best_shape, best_pred)
         if ok:
             self.last_switch = t
+            self._changes += 1
             self.execute(sim, plan)
 
     def _window(self, sim: "Simulator", free: list[DeviceView]) -> float:
@@ -221,6 +243,7 @@ class ControlledPolicy(Policy):
         else:
             deadline, ret_at = max(idle_until, t + 1.0), None
             role = Role.MIXED
+        self._changes += 1
         sim.lend(list(sim.train_devices), deadline)
         self.lent = list(sim.train_devices)
         tp = sim.cfg.engine.tp
@@ -263,6 +286,7 @@ class ControlledPolicy(Policy):
             wait = max(wait, self.costs.stop_s + n * 0.001 + (sim.perf.kv_transfer_time(8192, True)
                                                               if self.return_migrate and n else 0.0))
         sim.reclaim(self.lent)
+        self._changes += 1
         self.lent = []
         self.return_at = None
         self.decide(sim, "borrowed devices returned")  # the remaining layout may need a role back

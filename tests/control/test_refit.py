@@ -1,0 +1,36 @@
+"""The online refit: measured throughput corrects a layout's predictions."""
+import pytest
+
+from pearl.control.refit import ThroughputRefit
+
+
+def test_unknown_shapes_use_the_latest_measurement_and_known_ones_their_own():
+    r = ThroughputRefit(alpha=0.5, min_samples=2)
+    assert r.factor("A") == 1.0  # nothing measured yet
+    r.observe("A", tokens=500, seconds=10, predicted_tokens_per_s=100)  # half the predicted speed
+    assert r.factor("B") == pytest.approx(0.5)  # B borrows A's ratio: the common error
+    assert r.factor("A") == pytest.approx(0.5)  # one sample: A falls back to the latest too
+    r.observe("A", tokens=500, seconds=10, predicted_tokens_per_s=100)
+    r.observe("B", tokens=2000, seconds=10, predicted_tokens_per_s=100)
+    r.observe("B", tokens=2000, seconds=10, predicted_tokens_per_s=100)
+    assert r.factor("B") == pytest.approx(2.0) and r.factor("A") == pytest.approx(0.5)
+    # a shape measured twice as fast as predicted is predicted to finish in half the time
+    assert r.corrected("B", 100.0) == pytest.approx(50.0)
+
+
+def test_a_wrong_prediction_is_overridden_after_measuring_it():
+    r = ThroughputRefit(alpha=1.0, min_samples=1)
+    pred = {"colocated": 3000.0, "1P:7D": 1700.0}  # the model favours 1P:7D ...
+    r.observe("colocated", 1000, 10, predicted_tokens_per_s=100)  # colocated: as predicted
+    r.observe("1P:7D", 440, 10, predicted_tokens_per_s=100)  # ... which really runs 2.3x slower
+    best = min(pred, key=lambda s: r.corrected(s, pred[s]))
+    assert best == "colocated"
+
+
+def test_short_or_empty_intervals_are_ignored():
+    r = ThroughputRefit(min_seconds=1.0)
+    r.observe("A", 100, 0.5, 100)
+    r.observe("A", 0, 10, 100)
+    assert r.ratios == {}
+    with pytest.raises(ValueError):
+        ThroughputRefit(alpha=0)
