@@ -249,9 +249,11 @@ class ControlledPolicy(Policy):
         tp = sim.cfg.engine.tp
         for i in range(0, len(self.lent) - tp + 1, tp):
             sim.start_worker(tuple(self.lent[i:i + tp]), role, load_s=WAKE_S)
-        if ret_at is not None:
-            self.return_at = ret_at
-            sim.clock.at(max(t, ret_at), self._return, sim, ret_at)
+        # The lend was approved only if vacating takes less than the bound (`should_lend` refuses
+        # otherwise), so the devices may serve until the batch is really ready: the return starts
+        # then (`trainer_needs_devices`) and the trainer waits at most the bound. A proactive return
+        # at `ret_at` would only matter if the predicted idle window were trusted over the event.
+        self.return_at = ret_at
 
     def _lend_gain(self, sim: "Simulator", n: int) -> tuple[float, Role]:
         """The best role for `n` lent devices and its predicted fraction of batch time saved per lent
