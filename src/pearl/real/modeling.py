@@ -13,6 +13,7 @@ only for the rows that need a sample. This module does no scheduling and no samp
 """
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass
 from typing import Any, Mapping
 
@@ -95,6 +96,7 @@ class Decoder:
         inv = 1.0 / (s.rope_theta ** (torch.arange(0, s.head_dim, 2, dtype=torch.float32) / s.head_dim))
         self._inv_freq = inv.to(self.device)
         self._cos = self._sin = torch.empty(0, s.head_dim, dtype=dtype, device=self.device)
+        self._pad = _PaddedKV()
 
     @classmethod
     def from_hf(cls, model: Any, dtype: torch.dtype = torch.float32, version: int = 0) -> "Decoder":
@@ -199,14 +201,30 @@ class Decoder:
         # the number of small ops per layer and sequence, not by arithmetic): where the new KV goes,
         # the keys and values attended over, and the causal mask of a multi-token chunk.
         sizes = [len(c.token_ids) for c in chunks]
+        # Single-token decodes (two or more) attend in one batched call over a padded K/V mirror and
+        # write their new KV to their sessions once after the last layer; the rest (prefill chunks, or
+        # a lone decode) keep the per-sequence path.
+        dec_idx = [i for i, n in enumerate(sizes) if n == 1] if len(chunks) > 1 else []
+        if len(dec_idx) < 2:
+            dec_idx = []
+        in_batch = set(dec_idx)
+        batched = self._pad.prepare(kv, [chunks[i] for i in dec_idx]) if dec_idx else None
+        all_dec = len(dec_idx) == len(chunks)
+        per_idx = [i for i in range(len(chunks)) if i not in in_batch]
         dsts, keys, values, masks = [], [], [], []
-        for c, n in zip(chunks, sizes):
+        for i in per_idx:
+            c, n = chunks[i], sizes[i]
             buf, end = kv.buffer(c.session), c.start + n
             dsts.append(buf[:, :, :, c.start:end].unbind(0))
             keys.append(buf[:, 0:1, :, :end].unbind(0))
             values.append(buf[:, 1:2, :, :end].unbind(0))
             masks.append(_chunk_mask(c.start, n, g, self.device))
         kvh, d = s.kv_heads, s.head_dim
+        if dec_idx and not all_dec:
+            starts = [0]
+            for n in sizes:
+                starts.append(starts[-1] + n)
+            dec_rows = torch.tensor([starts[i] for i in dec_idx], device=self.device)
         x = F.embedding(input_ids, self.embed)
         for li, L in enumerate(self.layers):
             h = self._norm(x, L["in_norm"])
@@ -219,29 +237,139 @@ class Decoder:
             q = q * cos + _rotate_half(q) * sin
             k = k * cos + _rotate_half(k) * sin
             new_kv = torch.stack([k, v]).transpose(1, 2)  # [2, kv_heads, T, head_dim]
-            _copy_all([dst[li] for dst in dsts], new_kv.split(sizes, dim=2))
+            if per_idx:
+                pieces = new_kv.split(sizes, dim=2)
+                _copy_all([dst[li] for dst in dsts], tuple(pieces[i] for i in per_idx))
             # GQA without copying K/V: the g query heads sharing a KV head act as g query rows (g×n
             # for a chunk), so SDPA sees [1, kv_heads, rows, head_dim]. 4-D operands: the CPU kernel
             # is several times slower on 3-D ones.
-            outs = []
-            for qc, n, ks, vs, mask in zip(q.view(T, kvh, g, d).split(sizes), sizes, keys, values, masks):
-                if n == 1:
-                    outs.append(F.scaled_dot_product_attention(qc, ks[li], vs[li]))
+            q4 = q.view(T, kvh, g, d)
+            if batched is not None:
+                # [B, kv_heads, g, head_dim] queries over [B, kv_heads, max_len, head_dim] padded K/V
+                if all_dec:
+                    bq, bkv = q4, new_kv
                 else:
-                    qg = qc.permute(1, 2, 0, 3).reshape(1, kvh, g * n, d)
-                    o = F.scaled_dot_product_attention(qg, ks[li], vs[li], attn_mask=mask)
-                    outs.append(o.view(kvh, g, n, d).permute(2, 0, 1, 3))
-            out = torch.cat(outs) if len(outs) > 1 else outs[0]
+                    bq, bkv = q4.index_select(0, dec_rows), new_kv.index_select(2, dec_rows)
+                bk, bv = batched.layer(li, bkv)
+                bout = F.scaled_dot_product_attention(bq, bk, bv, attn_mask=batched.mask)
+            if all_dec:
+                out = bout
+            else:
+                outs = []
+                for qc, n, ks, vs, mask in zip(q4.split(sizes), sizes, *_spread(per_idx, len(sizes), keys, values, masks)):
+                    if ks is None:
+                        outs.append(qc)  # a batched decode row: placeholder, filled from bout below
+                    elif n == 1:
+                        outs.append(F.scaled_dot_product_attention(qc, ks[li], vs[li]))
+                    else:
+                        qg = qc.permute(1, 2, 0, 3).reshape(1, kvh, g * n, d)
+                        o = F.scaled_dot_product_attention(qg, ks[li], vs[li], attn_mask=mask)
+                        outs.append(o.view(kvh, g, n, d).permute(2, 0, 1, 3))
+                out = torch.cat(outs) if len(outs) > 1 else outs[0]
+                if batched is not None:
+                    out.index_copy_(0, dec_rows, bout)
             x = x + F.linear(out.reshape(T, self.q_size), L["o"])
             h = self._norm(x, L["post_norm"])
             gu = F.linear(h, L["gate_up"])
             x = x + F.linear(F.silu(gu[:, : s.intermediate]) * gu[:, s.intermediate:], L["down"])
+        if batched is not None:
+            self._pad.done(kv, [chunks[i] for i in dec_idx])
         for c in chunks:
             kv.commit(c.session, c.start, c.token_ids)
         if not rows:
             return torch.empty(0, s.vocab, dtype=self.dtype, device=self.device)
         h = self._norm(x[torch.tensor(rows, device=self.device)], self.final_norm)
         return F.linear(h, self.lm_head)
+
+
+class _PaddedStep:
+    """One step's batched-decode operands: per layer, the padded K/V mirror with this step's new KV
+    written in, and the padding mask (None when every sequence has the same length)."""
+
+    def __init__(self, buf: torch.Tensor, slots: torch.Tensor, starts: torch.Tensor, max_len: int,
+                 mask: torch.Tensor | None):
+        self.buf, self.slots, self.starts, self.max_len, self.mask = buf, slots, starts, max_len, mask
+
+    def layer(self, li: int, new_kv: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """new_kv [2, kv_heads, B, head_dim] goes to each slot's position `start`; returns K, V views."""
+        B = new_kv.shape[2]
+        lay = self.buf[li]  # [2, slots, kv_heads, capacity, head_dim]
+        lay[:, self.slots, :, self.starts] = new_kv.permute(2, 0, 1, 3)  # indexed dims go first: [B, 2, h, d]
+        return lay[0, :B, :, : self.max_len], lay[1, :B, :, : self.max_len]
+
+
+class _PaddedKV:
+    """A padded mirror [layers, 2, slots, kv_heads, capacity, head_dim] of the KV of the sequences in a
+    batched decode step, kept across steps: slot b is refilled from the session's cache only when it
+    did not hold exactly that session's first `start` positions at the end of the previous step (same
+    KV cache, same session buffer object). Every step forgets what its own decode slots did not
+    write, so KV changed any other way (truncation, a prefill chunk, an import) is always re-read.
+    Positions past a slot's length hold zeros or earlier finite KV and are masked out."""
+
+    def __init__(self) -> None:
+        self.buf: torch.Tensor | None = None
+        self.kv: weakref.ref[KVCache] | None = None
+        self.held: list[tuple[str, weakref.ref[torch.Tensor], int] | None] = []  # per slot: (session, source buffer, length)
+        self._next: list[tuple[str, weakref.ref[torch.Tensor], int] | None] = []
+
+    def prepare(self, kv: KVCache, chunks: list["SeqChunk"]) -> _PaddedStep:
+        B = len(chunks)
+        lens = [c.start + 1 for c in chunks]
+        max_len = max(lens)
+        srcs = [kv.buffer(c.session) for c in chunks]
+        if self.kv is None or self.kv() is not kv:
+            self.kv, self.held = weakref.ref(kv), []
+        ref = srcs[0]
+        buf = self.buf
+        if (buf is None or buf.shape[2] < B or buf.shape[4] < max_len or buf.dtype != ref.dtype
+                or buf.device != ref.device or buf.shape[0] != ref.shape[0] or buf.shape[3] != ref.shape[2]):
+            cap = max(max_len, buf.shape[4] if buf is not None else 0)
+            slots = max(B, buf.shape[2] if buf is not None else 0)
+            new = torch.zeros(ref.shape[0], 2, slots, ref.shape[2], -(-cap // 128) * 128, ref.shape[4],
+                              dtype=ref.dtype, device=ref.device)
+            if buf is not None and buf.shape[0] == new.shape[0] and buf.shape[3] == new.shape[3] \
+                    and buf.dtype == new.dtype and buf.device == new.device:
+                new[:, :, : buf.shape[2], :, : buf.shape[4]] = buf
+            else:
+                self.held = []
+            self.buf = buf = new
+        self.held += [None] * (buf.shape[2] - len(self.held))
+        dst, src = [], []
+        for b, (c, sb) in enumerate(zip(chunks, srcs)):
+            h = self.held[b]
+            if not (h is not None and h[0] == c.session and h[1]() is sb and h[2] == c.start) and c.start > 0:
+                dst.append(buf[:, :, b, :, : c.start])
+                src.append(sb[:, :, :, : c.start])
+        if dst:
+            _copy_all(dst, tuple(src))
+        self._next = [(c.session, weakref.ref(sb), c.start + 1) for c, sb in zip(chunks, srcs)]
+        self.held = [None] * buf.shape[2]  # until done(): a failed step leaves nothing trusted
+        dev = buf.device
+        mask = None
+        if min(lens) != max_len:
+            ln = torch.tensor(lens, device=dev)
+            mask = (torch.arange(max_len, device=dev)[None, :] < ln[:, None])[:, None, None, :]
+        return _PaddedStep(buf, torch.arange(B, device=dev), torch.tensor([c.start for c in chunks], device=dev),
+                           max_len, mask)
+
+    def done(self, kv: KVCache, chunks: list["SeqChunk"]) -> None:
+        """Write the step's new KV (every layer, one copy per sequence) back to the sessions' caches."""
+        buf = self.buf
+        assert buf is not None
+        _copy_all([kv.buffer(c.session)[:, :, :, c.start] for c in chunks],
+                  tuple(buf[:, :, b, :, c.start] for b, c in enumerate(chunks)))
+        self.held = self._next + [None] * (self.buf.shape[2] - len(self._next))  # type: ignore[union-attr]
+
+
+def _spread(idx: list[int], n: int, *cols: list) -> list[list]:
+    """Columns indexed by `idx` spread to length n, None elsewhere."""
+    out = []
+    for col in cols:
+        full: list = [None] * n
+        for i, v in zip(idx, col):
+            full[i] = v
+        out.append(full)
+    return out
 
 
 def _copy_all(dst: list[torch.Tensor], src: tuple[torch.Tensor, ...]) -> None:

@@ -49,7 +49,10 @@ class TrainConfig(Frozen):
     engine: EngineSettings = EngineSettings()
     seed: int = 0
     rollout_workers: int = Field(default=1, ge=1)
-    layout: Literal["colocated", "1P:1D"] = "colocated"
+    # auto: with >= 2 rollout workers, the controller's selector picks colocated or 1P:(N-1)D from a
+    # PerfModel of this model on hardware "cpu" (see pearl.runtime.real.choose_layout); 1 worker: colocated
+    layout: Literal["auto", "colocated", "1P:1D"] = "auto"
+    profile: str | None = None  # a saved profile (`pearl profile`) for layout auto; else a quick calibration
     backend: Literal["local", "ray"] = "local"  # ray: each rollout worker is a Ray actor (may span machines)
     out_dir: str | None = None  # default runs/train-<name>
     metrics_file: str = "metrics.jsonl"

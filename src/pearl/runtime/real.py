@@ -12,6 +12,13 @@
    gate), trains, bumps the version and offers the snapshot to the engines;
 3. logs every step live (rich), appends it to `metrics.jsonl` and ends with `summary.json`.
 
+`layout: auto` (the default): with two or more rollout workers, `choose_layout` asks the controller's
+selector (`pearl.control.selector.select`, as the simulator's PEARL policy does) whether colocated or
+1P:(N-1)D finishes a fresh staleness window of trajectories first, on a PerfModel of this model on
+hardware "cpu" (coefficients from `profile:` if given, else a quick calibration of the real engine, else
+the defaults) and the env's typical turn shape. One worker is always colocated. The decision and its
+reason are printed at the start and saved as `layout_decision` in summary.json.
+
 Every trajectory is counted exactly once as trained (ok), failed (with its reason) or stale.
 """
 from __future__ import annotations
@@ -84,6 +91,86 @@ def check_memory(name: str, workers: int, available: int | None = None) -> int:
     return need
 
 
+def _perf_model(cfg: TrainConfig, loaded: Any) -> tuple[Any, str]:
+    """PerfModel of the engine on hardware "cpu": a saved profile, else a quick calibration (a reduced
+    sweep, a few seconds at most), else the default coefficients. Returns (model, where from)."""
+    from pearl.perf.hardware import get_hardware
+    from pearl.perf.profile import load_profile
+    from pearl.perf.roofline import PerfModel
+    from pearl.real.profiling import fit_profile, measure_steps, model_shape
+
+    shape = model_shape(loaded.config, cfg.model)
+    if cfg.profile:
+        prof = load_profile(cfg.profile)  # missing or bad file -> one-line ConfigError
+        return prof.perf_model(shape), f"profile {cfg.profile}"
+    t0 = time.perf_counter()
+    try:
+        from pearl.real.engine import TorchEngine
+
+        eng = TorchEngine(loaded, num_threads=1, seed=cfg.seed)
+        big = model_params(cfg.model) > 50_000_000
+        samples = measure_steps(eng, decode_batches=(1, 4) if big else (1, 4, 16),
+                                contexts=(16, 64) if big else (32, 128), prefill_chunks=(16, 64),
+                                decode_steps=2 if big else 3, repeats=1 if big else 2, warmup=not big)
+        prof, _ = fit_profile(samples, shape, "cpu", max_rel_error=0.5)
+        return prof.perf_model(shape), f"calibrated on {len(samples)} step shapes in {time.perf_counter() - t0:.1f} s"
+    except Exception as err:  # a refused fit (or anything else) must not stop the run: use the defaults
+        return PerfModel(shape, get_hardware("cpu")), f"default coefficients (calibration failed: {err})"
+
+
+def choose_layout(cfg: TrainConfig, loaded: Any, probe: Any, max_new_tokens: int) -> dict[str, Any]:
+    """The rollout layout of this run: `cfg.layout` unless it is "auto"; then, with N >= 2 workers, the
+    selector's pick between colocated and 1P:(N-1)D (the layouts the runtime runs). Returns the
+    decision: requested, chosen, reason, ranked (top 3, predicted seconds) and the perf model's source."""
+    n = cfg.rollout_workers
+    if cfg.layout != "auto":
+        return {"requested": cfg.layout, "chosen": cfg.layout, "reason": f"layout {cfg.layout!r} set in the config",
+                "ranked": []}
+    if n < 2:
+        return {"requested": "auto", "chosen": "colocated",
+                "reason": "1 rollout worker: colocated is the only layout (P:D needs rollout_workers >= 2)",
+                "ranked": []}
+    from pearl.config import EngineConfig
+    from pearl.control.predictor import BatchState, WorkloadStats
+    from pearl.control.selector import select
+    from pearl.types import LayoutShape, Mode
+    from pearl.workloads import TrajectorySpec
+
+    tok = loaded.tokenizer
+    obs = probe.reset(cfg.seed)
+    msgs = []
+    system = getattr(probe, "system_prompt", "")
+    if cfg.env.use_system_prompt and system:
+        msgs.append({"role": "system", "content": system})
+    msgs.append({"role": "user", "content": obs})
+    prompt = len(tok.chat(msgs))
+    observation = len(tok.chat([{"role": "user", "content": obs}]))  # a later turn's observation, as a turn
+    t0 = time.perf_counter()
+    try:  # one env step: the environment's latency per turn
+        acts = probe.allowed_actions
+        probe.step(acts[0] if acts else "")
+    except Exception:
+        pass
+    env_s = time.perf_counter() - t0
+    turns = max(1, int(getattr(probe, "max_turns", 8) or 8))
+    spec = TrajectorySpec(0, 0, prompt, (max_new_tokens,) * turns, (observation,) * (turns - 1), (env_s,) * turns)
+    stats = WorkloadStats.from_samples([spec])
+    batch = BatchState.fresh(cfg.prompts_per_step * cfg.group_size * (cfg.staleness + 1))
+    pm, source = _perf_model(cfg, loaded)
+    engine = EngineConfig(tp=1, max_num_seqs=cfg.engine.max_num_seqs, max_batched_tokens=cfg.engine.max_batched_tokens)
+    shapes = [LayoutShape.colocated(n, 1), LayoutShape.disaggregated(1, n - 1, 1)]
+    sel = select(n, {1: pm}, engine, stats, batch, shapes=shapes)
+    chosen = "colocated" if sel.best.mode is Mode.COLOCATED else "1P:1D"
+    preds = ", ".join(f"{shp} {pred.completion_s * 1e3:.0f} ms" for shp, pred, _, _ in sel.ranked)
+    reason = f"{sel.reason} [per window of {batch.size} trajectories: {preds}]"
+    return {"requested": "auto", "chosen": chosen, "shape": str(sel.best), "reason": reason,
+            "ranked": [{"layout": str(shp), "predicted_s": round(pred.completion_s, 4), "score_s": round(score, 4),
+                        "bottleneck": pred.bottleneck} for shp, pred, _, score in sel.ranked[:3]],
+            "perf_model": source,
+            "workload": {"prompt_tokens": prompt, "response_tokens": max_new_tokens, "observation_tokens": observation,
+                         "turns": turns, "env_latency_s": round(env_s, 6), "batch": batch.size}}
+
+
 def _success(t: Any) -> bool:
     info = t.info
     return bool(info.get("success")) or info.get("outcome") in ("goal", "correct", "solved") or t.reward >= 1.0
@@ -116,6 +203,8 @@ class Run:
         self.sampling = SamplingParams(
             temperature=cfg.sampling.temperature, top_p=cfg.sampling.top_p,
             max_new_tokens=1 if allowed else cfg.sampling.max_new_tokens, allowed_token_ids=allowed)
+        self.layout_decision = choose_layout(cfg, loaded, probe, self.sampling.max_new_tokens)
+        cfg = self.cfg = cfg.model_copy(update={"layout": self.layout_decision["chosen"]})
         es = cfg.engine
         roles = (["prefill"] + ["decode"] * (cfg.rollout_workers - 1)) if cfg.layout == "1P:1D" \
             else ["mixed"] * cfg.rollout_workers
@@ -278,7 +367,8 @@ def summarize(history: list[dict[str, Any]], run: Run, wall_s: float) -> dict[st
             "trajectories": dict(run.counts), "failure_reasons": dict(run.fail_reasons),
             "trajectories_admitted": run.admitted, "trajectories_unfinished": run.unfinished(),
             "staleness_eta": run.cfg.staleness, "staleness_max": max(st, default=0),
-            "staleness_mean": mean([float(x) for x in st]) or 0.0, **run.agent.engine_stats()}
+            "staleness_mean": mean([float(x) for x in st]) or 0.0, "layout_decision": run.layout_decision,
+            **run.agent.engine_stats()}
 
 
 def run_training(config_path: Path | None, overrides: dict[str, Any] | None, output: Path | None,
@@ -295,6 +385,9 @@ def run_training(config_path: Path | None, overrides: dict[str, Any] | None, out
     console.print(f"[bold]pearl train[/] {cfg.name}: model {cfg.model}, env {cfg.env.name}, "
                   f"{cfg.max_steps} steps × {cfg.prompts_per_step}×{cfg.group_size} trajectories, "
                   f"η={cfg.staleness}, layout {run.layout} → {out_dir}", highlight=False)
+    d = run.layout_decision
+    console.print(f"layout {d['requested']} → {d['chosen']}: " + escape(d["reason"])
+                  + (escape(f" [{d['perf_model']}]") if "perf_model" in d else ""), highlight=False)
     threads = [threading.Thread(target=run.rollout, name="pearl-rollout", daemon=True),
                threading.Thread(target=run.train, name="pearl-trainer", daemon=True)]
     for t in threads:
