@@ -50,7 +50,6 @@ class ControlledPolicy(Policy):
         self._mark: tuple | None = None  # (t, shape, generated tokens, changes) at the last tick
         self._changes = 0  # layout changes made by this policy (a measurement spans none)
         self.lent: list[int] = []
-        self.return_at: float | None = None
 
     # ------------------------------------------------------------------ hooks
     def setup(self, sim: "Simulator") -> None:
@@ -239,10 +238,9 @@ class ControlledPolicy(Policy):
                                       borrow=v.lend, reason=v.reason))
             if not v.lend:
                 return
-            deadline, ret_at = v.deadline, v.return_start_at
+            deadline = v.deadline
         else:
-            deadline, ret_at = max(idle_until, t + 1.0), None
-            role = Role.MIXED
+            deadline, role = max(idle_until, t + 1.0), Role.MIXED
         self._changes += 1
         sim.lend(list(sim.train_devices), deadline)
         self.lent = list(sim.train_devices)
@@ -251,9 +249,8 @@ class ControlledPolicy(Policy):
             sim.start_worker(tuple(self.lent[i:i + tp]), role, load_s=WAKE_S)
         # The lend was approved only if vacating takes less than the bound (`should_lend` refuses
         # otherwise), so the devices may serve until the batch is really ready: the return starts
-        # then (`trainer_needs_devices`) and the trainer waits at most the bound. A proactive return
-        # at `ret_at` would only matter if the predicted idle window were trusted over the event.
-        self.return_at = ret_at
+        # then (`trainer_needs_devices`) and the trainer waits at most the bound. (A proactive return
+        # at `v.return_start_at` would trust the predicted idle window over the event itself.)
 
     def _lend_gain(self, sim: "Simulator", n: int) -> tuple[float, Role]:
         """The best role for `n` lent devices and its predicted fraction of batch time saved per lent
@@ -275,10 +272,10 @@ class ControlledPolicy(Policy):
         role = max(gains, key=lambda r: (round(gains[r], 3), r is Role.PREFILL))
         return max(0.0, gains[role]) / max(1, n), role
 
-    def _return(self, sim: "Simulator", tag: float | None = None) -> float:
+    def _return(self, sim: "Simulator") -> float:
         """Give the lent devices back: stop their workers (requests migrate token-level, with KV unless
         the policy recomputes). Returns how long the trainer must wait for the devices."""
-        if not self.lent or (tag is not None and tag != self.return_at):
+        if not self.lent:
             return 0.0
         t = sim.clock.now
         wait = 0.0
@@ -290,7 +287,6 @@ class ControlledPolicy(Policy):
         sim.reclaim(self.lent)
         self._changes += 1
         self.lent = []
-        self.return_at = None
         self.decide(sim, "borrowed devices returned")  # the remaining layout may need a role back
         return wait
 
