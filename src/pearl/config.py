@@ -148,6 +148,9 @@ class PolicyConfig(Frozen):
     cost_aware: bool = True
     return_bound_s: float = Field(default=5.0, ge=0)  # max trainer wait for a borrowed device
     horizon_s: float = Field(default=900.0, gt=0)  # how far ahead a switch's gain is counted
+    # Tensor-parallel sizes PEARL may choose (None: every size in 1, 2, 4, 8 that fits a node and
+    # the model's KV heads); baselines keep engine.tp.
+    tps: list[int] | None = None
 
 
 class ScenarioConfig(Frozen):

@@ -8,7 +8,7 @@ from pearl.config import ScenarioConfig, parse_config
 from pearl.runtime.sim import Simulator
 
 
-def scenario(policy: str, **over) -> ScenarioConfig:
+def scenario(name: str, **over) -> ScenarioConfig:
     base = dict(
         name="t", seed=1, duration_s=900, model="qwen3-8b",
         cluster=dict(hardware="h800", rollout_devices=4, train_devices=4,
@@ -17,7 +17,7 @@ def scenario(policy: str, **over) -> ScenarioConfig:
                                   notice_probability=0.5, max_devices=8)),
         workload=dict(profile="search"),
         rl=dict(prompts_per_batch=8, group_size=4, staleness=1),
-        policy=dict(name=policy, decision_interval_s=20, min_dwell_s=30, return_bound_s=5.0),
+        policy=dict(name=name, decision_interval_s=20, min_dwell_s=30, return_bound_s=5.0),
     )
     for k, v in over.items():
         base[k] = {**base[k], **v} if isinstance(v, dict) else v
@@ -60,9 +60,17 @@ def test_pearl_beats_fixed_when_devices_come_and_go():
 
 
 def test_pearl_declines_devices_that_would_not_pay():
-    # A small batch is latency-bound: extra devices barely shorten it, so starting workers (and
-    # migrating on every return) costs more than it gains. PEARL must not do worse than staying put.
+    # A small batch is latency-bound: at tp 1, extra devices barely shorten it, so starting workers
+    # (and migrating on every return) costs more than it gains. PEARL must not do worse than staying put.
     _, fixed = run(scenario("fixed"))
-    _, pearl = run(scenario("pearl"))
+    _, pearl = run(scenario("pearl", policy=dict(tps=[1])))
     assert pearl["throughput"]["trajectories_per_s"] >= 0.99 * fixed["throughput"]["trajectories_per_s"]
     assert not any(d.get("borrow") for d in pearl["decisions"])
+
+
+def test_pearl_raises_tensor_parallelism_when_the_batch_is_latency_bound():
+    # The same batch is bound by per-token latency: fewer, wider workers (tp > 1) cut it.
+    _, fixed = run(scenario("fixed"))
+    _, pearl = run(scenario("pearl"))
+    assert "@tp" in pearl["layout_final"]
+    assert pearl["throughput"]["trajectories_per_s"] > 1.2 * fixed["throughput"]["trajectories_per_s"]

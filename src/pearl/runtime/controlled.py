@@ -18,6 +18,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from pearl.config import PolicyConfig
+from pearl.errors import ResourceError
 from pearl.control.borrowing import BorrowPlanner
 from pearl.control.planner import (DeviceView, StepKind, TransitionCosts, WorkerView, plan_full_restart,
                                    plan_transition)
@@ -104,8 +105,23 @@ class ControlledPolicy(Policy):
         return out
 
     # ------------------------------------------------------------------ deciding
+    def _tps(self, sim: "Simulator") -> list[int]:
+        """Tensor-parallel sizes to consider: the configured list, or every size that fits."""
+        if not self.adapt_pd:
+            return [sim.cfg.engine.tp]
+        want = self.cfg.tps or [tp for tp in (1, 2, 4, 8) if tp <= sim.cfg.cluster.devices_per_node
+                                 and sim.model.num_kv_heads % tp == 0]
+        out = []
+        for tp in want:
+            try:
+                sim.perf_for(tp)
+                out.append(tp)
+            except ResourceError:
+                continue
+        return out or [sim.cfg.engine.tp]
+
     def _predict(self, sim: "Simulator", shapes: list[LayoutShape]):
-        return predict_many(shapes, [sim.perf] * len(shapes), sim.cfg.engine, self.stats, self.batch,
+        return predict_many(shapes, [sim.perf_for(s.tp) for s in shapes], sim.cfg.engine, self.stats, self.batch,
                             sim.cfg.cluster.devices_per_node, reps=self.reps, tol=1e-2, grid_points=48)
 
     def _measure(self, sim: "Simulator") -> None:
@@ -123,19 +139,21 @@ class ControlledPolicy(Policy):
 
     def decide(self, sim: "Simulator", why: str) -> None:
         t = sim.clock.now
-        tp = sim.cfg.engine.tp
         workers = self._workers(sim)
         free = self._usable_free(sim)
-        n_workers = (sum(len(w.devices) for w in workers) + len(free)) // tp
-        if n_workers < 1:
+        n_devices = sum(len(w.devices) for w in workers) + len(free)
+        tps = [tp for tp in self._tps(sim) if n_devices >= tp]
+        if not tps:
             return
         cur = sim.state.shape()
         valid_cur = cur.n_workers > 0 and (cur.n_mixed + cur.n_decode) > 0 and \
             (cur.mode is Mode.COLOCATED or cur.n_prefill > 0)
         cur_s = self.refit.corrected(cur, self._predict(sim, [cur])[0].completion_s) if valid_cur else math.inf
-        only = None if self.adapt_pd and n_workers >= 2 else [LayoutShape.colocated(n_workers, tp)]
-        sel = select(n_workers * tp, {tp: sim.perf}, sim.cfg.engine, self.stats, self.batch,
-                     current=cur if valid_cur else None, shapes=only,
+        tp0 = tps[0] if len(tps) == 1 else cur.tp
+        only = (None if self.adapt_pd and n_devices >= 2 * min(tps)
+                else [LayoutShape.colocated(n_devices // tp0, tp0)])
+        sel = select(n_devices - n_devices % min(tps), {tp: sim.perf_for(tp) for tp in tps}, sim.cfg.engine,
+                     self.stats, self.batch, current=cur if valid_cur else None, shapes=only,
                      devices_per_node=sim.cfg.cluster.devices_per_node)
         # rank by the predictions as corrected by what each shape was measured to do
         ranked = sorted(((s_, replace(p_, completion_s=self.refit.corrected(s_, p_.completion_s)))
@@ -146,7 +164,9 @@ class ControlledPolicy(Policy):
             return
         plan_fn = plan_transition if self.cfg.incremental else plan_full_restart
         try:
-            plan = plan_fn(workers, free, best_shape, self.costs)
+            nodes = {d: sim.node_of(d) for w in workers for d in w.devices}
+            nodes.update({d.id: d.node for d in free})
+            plan = plan_fn(workers, free, best_shape, self.costs, device_nodes=nodes)
         except ValueError as e:
             self._record(sim, why, ranked, cur, cur_s, None, f"infeasible: {e}")
             return
@@ -203,7 +223,10 @@ class ControlledPolicy(Policy):
             ready[i] = begin + s.cost_s
             eng = sim.engines.get(s.worker) if s.worker is not None else None
             if s.kind is StepKind.START:
-                sim.start_worker(s.devices, s.role, load_s=s.cost_s)
+                if begin > 0:  # on devices that a stop frees first (e.g. a tensor-parallel change)
+                    sim.clock.at(sim.clock.now + begin, self._start, sim, s.devices, s.role, s.cost_s)
+                else:
+                    sim.start_worker(s.devices, s.role, load_s=s.cost_s)
             elif s.kind is StepKind.SET_ROLE and eng is not None:
                 if begin > 0:
                     sim.clock.at(sim.clock.now + begin, self._flip, sim, eng, s.role)
@@ -212,6 +235,11 @@ class ControlledPolicy(Policy):
             elif s.kind is StepKind.STOP and eng is not None:
                 sim.set_accepting(eng, False)  # drain: no new turns while its replacements load
                 sim.clock.at(sim.clock.now + begin, self._stop, sim, eng)
+
+    def _start(self, sim, devices, role, load_s) -> None:
+        st = sim.state.devices
+        if all(st[d].status is DeviceStatus.FREE and st[d].notice_at is None for d in devices):
+            sim.start_worker(devices, role, load_s=load_s)
 
     def _flip(self, sim, eng, role) -> None:
         if eng.wid in sim.engines:
@@ -244,7 +272,9 @@ class ControlledPolicy(Policy):
         self._changes += 1
         sim.lend(list(sim.train_devices), deadline)
         self.lent = list(sim.train_devices)
-        tp = sim.cfg.engine.tp
+        tp = sim.state.shape().tp if sim.engines else sim.cfg.engine.tp
+        if len(self.lent) < tp:
+            tp = sim.cfg.engine.tp
         for i in range(0, len(self.lent) - tp + 1, tp):
             sim.start_worker(tuple(self.lent[i:i + tp]), role, load_s=WAKE_S)
         # The lend was approved only if vacating takes less than the bound (`should_lend` refuses
@@ -257,7 +287,7 @@ class ControlledPolicy(Policy):
         device per second it serves. Ties go to prefill: it holds no long-lived KV, so it is the
         cheapest to vacate."""
         cur = sim.state.shape()
-        tp = sim.cfg.engine.tp
+        tp = cur.tp
         add = n // tp
         if cur.n_workers == 0 or (cur.n_mixed + cur.n_decode) == 0:
             return 0.0, Role.MIXED

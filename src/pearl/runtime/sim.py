@@ -64,12 +64,14 @@ class Simulator:
         self.perf = PerfModel(self.model, self.hw, tp=cfg.engine.tp,
                               memory_utilization=cfg.engine.memory_utilization)
         self.kv_capacity = self.perf.kv_capacity_tokens()
+        self._perfs: dict[int, PerfModel] = {cfg.engine.tp: self.perf}
         self.workload = Workload(cfg.workload, cfg.seed)
         rl = cfg.rl
         self.batch_trajs = rl.prompts_per_batch * rl.group_size
         self.gate = StalenessGate(self.batch_trajs, rl.staleness, rl.max_concurrent_trajectories)
         self.state = ClusterState(check=False)
         self.engines: dict[int, EmulatedEngine] = {}  # worker id -> engine (live workers only)
+        self.parked: list[tuple[SimTrajectory, Request]] = []  # waiting for any worker to serve
         self._serving_cache: dict[tuple[Role, ...], list[EmulatedEngine]] = {}
         self.route_rng = random.Random(cfg.seed)  # power-of-two-choices routing, deterministic
         self.all_engines: list[EmulatedEngine] = []  # every engine ever started (metrics)
@@ -171,13 +173,22 @@ class Simulator:
         for d in devs:
             self.state.reclaim(self.clock.now, d)
 
+    def perf_for(self, tp: int) -> PerfModel:
+        """The worker model at tensor-parallel size `tp` (raises ResourceError if it does not fit)."""
+        pm = self._perfs.get(tp)
+        if pm is None:
+            pm = self._perfs[tp] = self.perf.with_tp(tp)
+            pm.kv_capacity_tokens()
+        return pm
+
     def node_of(self, dev: int) -> int:
         return self.state.devices[dev].node
 
     def start_worker(self, devices: tuple[int, ...], role: Role, load_s: float = 0.0) -> EmulatedEngine:
         t = self.clock.now
         wid = self.state.start_worker(t, devices, role, self.version)
-        eng = EmulatedEngine(wid, role, self.perf.step_time, self.kv_capacity, self.cfg.engine.max_num_seqs,
+        pm = self.perf_for(len(devices))
+        eng = EmulatedEngine(wid, role, pm.step_time, pm.kv_capacity_tokens(), self.cfg.engine.max_num_seqs,
                              self.cfg.engine.max_batched_tokens, self._on_done, self.version)
         eng.devices = devices
         eng.on_plan = self._on_plan
@@ -196,6 +207,9 @@ class Simulator:
             self.state.worker_ready(self.clock.now, eng.wid)
             self.set_accepting(eng, True)
             eng.version = self.version
+            parked, self.parked = self.parked, []
+            for tr, r in parked:
+                self._submit(tr, r, self.clock.now)
             self.policy.on_worker_ready(self, eng)
 
     def stop_worker(self, eng: EmulatedEngine, migrate: bool = True) -> None:
@@ -238,6 +252,9 @@ class Simulator:
             return
         has_kv = migrate and r.num_generated > 0
         dst = self._decode_target(tr)
+        if dst is None:
+            self._park(tr, r)
+            return
         if has_kv:
             tr.migrations += 1
             self.migrated += 1
@@ -264,9 +281,18 @@ class Simulator:
             got = self._serving_cache[roles] = [e for e in self.engines.values() if e.accepting and e.role in roles]
         return got
 
-    def _decode_target(self, tr: SimTrajectory) -> EmulatedEngine:
+    def _decode_target(self, tr: SimTrajectory) -> EmulatedEngine | None:
         cands = self.serving(Role.DECODE, Role.MIXED) or self.serving(Role.PREFILL)
-        return pick_decode(cands, tr.id, tr.home, self.route_rng)
+        return pick_decode(cands, tr.id, tr.home, self.route_rng) if cands else None
+
+    def _park(self, tr: SimTrajectory, r: Request) -> None:
+        """No worker serves right now (e.g. every worker is restarting at a new tensor-parallel size):
+        the request waits with its tokens, and resumes by recompute on the next worker that is ready."""
+        r.prefill_only = False
+        r.num_computed = 0
+        tr.recomputes += 1
+        self.recomputed_tokens += r.num_tokens
+        self.parked.append((tr, r))
 
     # ------------------------------------------------------------------ rollout
     def _admit(self) -> None:
@@ -316,6 +342,9 @@ class Simulator:
         else:
             r.prefill_only = False
             eng = self._decode_target(tr)
+            if eng is None:
+                self._park(tr, r)
+                return
             tr.home = eng
         tr.min_version = min(tr.min_version, eng.version)  # conservative: no token of the turn is older
         eng.submit(r, t)
@@ -333,7 +362,11 @@ class Simulator:
         tr.min_version = min(tr.min_version, eng.version)
         if r.prefill_only:  # hand the KV to a decode worker
             r.prefill_only = False
-            dst = pick_decode(self.serving(Role.DECODE) or self.serving(Role.MIXED), tr.id, tr.home, self.route_rng)
+            cands = self.serving(Role.DECODE) or self.serving(Role.MIXED)
+            if not cands:
+                self._park(tr, r)
+                return
+            dst = pick_decode(cands, tr.id, tr.home, self.route_rng)
             missing = r.num_tokens - 1 - dst.holds(tr.id)
             same = self.node_of(eng.devices[0]) == self.node_of(dst.devices[0])
             dst.incoming_tokens += r.num_tokens
@@ -352,6 +385,9 @@ class Simulator:
         dst.incoming_tokens = max(0, dst.incoming_tokens - r.num_tokens)
         if not dst.accepting:  # the target left while the KV was in flight: resume by recompute
             dst = self._decode_target(tr)
+            if dst is None:
+                self._park(tr, r)
+                return
             r.num_computed = 0
             tr.recomputes += 1
             self.recomputed_tokens += r.num_tokens
