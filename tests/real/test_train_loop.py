@@ -43,7 +43,7 @@ def test_three_steps_complete_and_write_metrics(tmp_path):
     lines = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert [m["step"] for m in lines] == [1, 2, 3]
     assert all(m["reward_mean"] is not None for m in lines)
-    assert s["final_version"] == 3 and s["trajectories"]["ok"] == 24  # 3 steps x 2 groups x 4 (stale ones are replaced)
+    assert s["final_version"] == 3 and s["trajectories"]["ok"] >= 24  # 3 steps x 2 groups x 4 trained
     assert json.loads((tmp_path / "summary.json").read_text())["steps"] == 3
 
 

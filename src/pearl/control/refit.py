@@ -41,6 +41,10 @@ class ThroughputRefit:
             r.samples += 1
         self.last = shape
 
+    def measured(self, shape: Hashable) -> bool:
+        r = self.ratios.get(shape)
+        return r is not None and r.samples >= self.min_samples
+
     def factor(self, shape: Hashable) -> float:
         """Measured / predicted throughput for `shape` (1.0 while nothing is known)."""
         r = self.ratios.get(shape)

@@ -32,7 +32,8 @@ from pearl.types import DeviceStatus, LayoutShape, Mode, Pool, Role
 if TYPE_CHECKING:
     from pearl.runtime.sim import Simulator
 
-WAKE_S = 2.0  # wake an inference engine whose weights are already in the device's memory
+WAKE_S = 2.0
+EXPLORE_BAND = 0.05  # predictions this close are within the model's error: measure instead  # wake an inference engine whose weights are already in the device's memory
 
 
 class ControlledPolicy(Policy):
@@ -45,9 +46,13 @@ class ControlledPolicy(Policy):
         super().__init__(cfg)
         self.gate = SwitchGate.from_policy(cfg)
         self.scale_out_gate = SwitchGate.from_policy(cfg, hysteresis=0.0)
-        self.borrower = BorrowPlanner.from_policy(cfg)
+        # a lend must save more than twice what starting and vacating the workers costs: the model
+        # does not see the slowdown of migrating their requests back
+        self.borrower = BorrowPlanner.from_policy(cfg, min_gain_s=2 * (WAKE_S + 0.5))
         self.last_switch: float | None = None
         self.refit = ThroughputRefit()
+        self.explored: set[LayoutShape] = set()
+        self._max_active = 0
         self._mark: tuple | None = None  # (t, shape, generated tokens, changes) at the last tick
         self._changes = 0  # layout changes made by this policy (a measurement spans none)
         self.lent: list[int] = []
@@ -126,16 +131,24 @@ class ControlledPolicy(Policy):
 
     def _measure(self, sim: "Simulator") -> None:
         """Feed the refit with the tokens the current shape generated since the last tick, if the
-        shape did not change and the pipeline was full at both ends (in a batch's tail or while the
-        trainer holds back admission, throughput says more about demand than about the layout)."""
+        shape did not change and the pipeline was full at both ends (in a batch's tail, throughput
+        says more about demand than about the layout)."""
         t, shape = sim.clock.now, sim.state.shape()
         tokens = sum(e.tokens_decoded for e in sim.all_engines)
-        full = sim.active >= 0.8 * self.batch.size
+        sim._count_active(0)  # bring the integral of active trajectories up to now
         m = self._mark
-        if m is not None and full and m[4] and m[1] == shape and m[3] == self._changes and shape.n_workers > 0 \
+        full = False
+        if m is not None and t > m[0]:
+            # "full": the time-averaged number of trajectories in flight is near the most this run has
+            # had (the staleness gate, not the layout, sets that level), so shapes are compared at the
+            # same demand, not in a batch's tail
+            avg = (sim.active_integral - m[5]) / (t - m[0])
+            self._max_active = max(self._max_active, avg)
+            full = avg >= 0.7 * self._max_active
+        if m is not None and full and m[1] == shape and m[3] == self._changes and shape.n_workers > 0 \
                 and (shape.n_mixed + shape.n_decode) > 0 and (shape.mode is Mode.COLOCATED or shape.n_prefill):
             self.refit.observe(shape, tokens - m[2], t - m[0], self._predict(sim, [shape])[0].tokens_per_s)
-        self._mark = (t, shape, tokens, self._changes, full)
+        self._mark = (t, shape, tokens, self._changes, full, sim.active_integral)
 
     def decide(self, sim: "Simulator", why: str) -> None:
         t = sim.clock.now
@@ -159,9 +172,13 @@ class ControlledPolicy(Policy):
         ranked = sorted(((s_, replace(p_, completion_s=self.refit.corrected(s_, p_.completion_s)))
                          for s_, p_, _, _ in sel.ranked), key=lambda x: x[1].completion_s)
         best_shape, best_pred = ranked[0]
+        explore = None
         if best_shape == cur and not free:
-            self._record(sim, why, ranked, cur, cur_s, None, "keep: the current layout is the best")
-            return
+            explore = self._explore(sim, why, ranked, cur, cur_s)
+            if explore is None:
+                self._record(sim, why, ranked, cur, cur_s, None, "keep: the current layout is the best")
+                return
+            best_shape, best_pred = explore
         plan_fn = plan_transition if self.cfg.incremental else plan_full_restart
         try:
             nodes = {d: sim.node_of(d) for w in workers for d in w.devices}
@@ -171,7 +188,14 @@ class ControlledPolicy(Policy):
             self._record(sim, why, ranked, cur, cur_s, None, f"infeasible: {e}")
             return
         window = self._window(sim, free)
-        if self.cost_model and self.cfg.cost_aware:
+        if explore is not None:
+            ok = plan.makespan_s < 0.05 * min(window, self.cfg.horizon_s)
+            reason = (f"explore: {best_shape} was never measured and is predicted within "
+                      f"{EXPLORE_BAND:.0%} of {cur}; trying it costs {plan.makespan_s:.3g} s"
+                      if ok else f"keep: exploring {best_shape} would cost {plan.makespan_s:.3g} s")
+            if ok:
+                self.explored.add(best_shape)
+        elif self.cost_model and self.cfg.cost_aware:
             # Gain over the work the window holds (several batches), against a one-off transition.
             horizon = min(window, self.cfg.horizon_s)
             cand_h = horizon * best_pred.completion_s / cur_s + plan.makespan_s if math.isfinite(cur_s) else 0.0
@@ -190,6 +214,19 @@ class ControlledPolicy(Policy):
             self.last_switch = t
             self._changes += 1
             self.execute(sim, plan)
+
+    def _explore(self, sim: "Simulator", why: str, ranked, cur: LayoutShape, cur_s: float):
+        """A near-tie the model cannot settle: once the current shape is measured and has served its
+        dwell, try the best never-measured shape predicted within EXPLORE_BAND of it (each at most
+        once), so a measurement rather than the model's last few percent decides."""
+        if (why != "periodic" or not self.cost_model or self.lent or not self.refit.measured(cur)
+                or (self.last_switch is not None and sim.clock.now - self.last_switch < 2 * self.cfg.min_dwell_s)):
+            return None
+        for shape, pred in ranked[1:4]:
+            if (shape not in self.explored and not self.refit.measured(shape)
+                    and pred.completion_s <= cur_s * (1 + EXPLORE_BAND)):
+                return shape, pred
+        return None
 
     def _window(self, sim: "Simulator", free: list[DeviceView]) -> float:
         """How long the budget's transient devices (lent or elastic, free or serving) should stay."""
