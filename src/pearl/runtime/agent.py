@@ -65,7 +65,7 @@ class AgentLoop:
         with self._lock:  # the newest snapshot wins; older ones are never loaded
             self._pending_weights = (state_dict, version)
 
-    def _apply_weights(self) -> None:
+    def apply_weights(self) -> None:
         with self._lock:
             pending, self._pending_weights = self._pending_weights, None
         if pending is not None:
@@ -125,7 +125,7 @@ class AgentLoop:
     def step(self) -> list[Group]:
         """Apply pending weights, run one step on every engine with work, advance the episodes
         whose turn finished; return the groups that completed."""
-        self._apply_weights()
+        self.apply_weights()
         done: list[Group] = []
         for idx, e in enumerate(self.engines):
             if not e.has_work():

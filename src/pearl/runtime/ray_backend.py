@@ -163,7 +163,7 @@ class RayAgentLoop(AgentLoop):
         return [i for i in range(len(self.engines)) if i not in self.dead]
 
     # ------------------------------------------------------------ weights
-    def _apply_weights(self) -> None:
+    def apply_weights(self) -> None:
         with self._lock:
             pending, self._pending_weights = self._pending_weights, None
         if pending is None:
@@ -212,7 +212,7 @@ class RayAgentLoop(AgentLoop):
 
     def step(self) -> list[Group]:
         """Apply pending weights, step every live engine with work concurrently, advance the episodes."""
-        self._apply_weights()
+        self.apply_weights()
         done, self._recovered = self._recovered, []
         refs = {i: self.engines[i].actor.step.remote() for i in self.live() if self.engines[i].has_work()}
         for i, ref in refs.items():

@@ -250,7 +250,7 @@ class Run:
                     # Admit by the version the engines will stamp on the tokens: they apply a new
                     # snapshot between steps, so they can lag the trainer, and a gate on the
                     # trainer's version would admit trajectories that are already too stale.
-                    self.agent._apply_weights()  # between engine steps: a pending snapshot lands now
+                    self.agent.apply_weights()  # between engine steps: a pending snapshot lands now
                     while self.gate.capacity(self.agent.version) >= self.cfg.group_size:
                         self.gate.on_start(self.cfg.group_size)
                         self.admitted += self.cfg.group_size
