@@ -250,24 +250,33 @@ class Simulator:
         if r.prefill_only:  # a prefill that had not finished: just prefill it elsewhere
             self._submit(tr, r, t)
             return
-        has_kv = migrate and r.num_generated > 0
         dst = self._decode_target(tr)
-        if dst is None:
-            self._park(tr, r)
+        if not (migrate and r.num_generated > 0) or dst is None:
+            self._recompute(tr, r, dst=dst)
             return
-        if has_kv:
-            tr.migrations += 1
-            self.migrated += 1
-            delay = self.perf.kv_transfer_time(r.num_tokens, self.node_of(src.devices[0]) == self.node_of(dst.devices[0]))
-            dst.incoming_tokens += r.num_tokens
-            self.clock.at(t + delay, self._arrive_decode, tr, r, dst)
-        else:
-            tr.recomputes += 1
-            self.recomputed_tokens += r.num_tokens
-            r.prefill_only = False
-            tr.min_version = min(tr.min_version, dst.version)
-            dst.submit(r, t)
-            tr.home = dst
+        tr.migrations += 1
+        self.migrated += 1
+        delay = self.perf.kv_transfer_time(r.num_tokens, self.node_of(src.devices[0]) == self.node_of(dst.devices[0]))
+        dst.incoming_tokens += r.num_tokens
+        self.clock.at(t + delay, self._arrive_decode, tr, r, dst)
+
+    def _recompute(self, tr: SimTrajectory, r: Request, park: bool = False,
+                   dst: EmulatedEngine | None = None) -> None:
+        """Resume a request from its tokens alone (its KV is gone): the context is prefilled again. If no
+        worker serves right now (e.g. all restart at a new tensor-parallel size), or `park`, it waits,
+        parked, for the next worker that becomes ready."""
+        r.prefill_only = False
+        r.num_computed = 0
+        tr.recomputes += 1
+        self.recomputed_tokens += r.num_tokens
+        if dst is None and not park:
+            dst = self._decode_target(tr)
+        if dst is None:
+            self.parked.append((tr, r))
+            return
+        tr.home = dst
+        tr.min_version = min(tr.min_version, dst.version)
+        dst.submit(r, self.clock.now)
 
     # ------------------------------------------------------------------ engines by role
     def set_accepting(self, eng: EmulatedEngine, flag: bool) -> None:
@@ -284,15 +293,6 @@ class Simulator:
     def _decode_target(self, tr: SimTrajectory) -> EmulatedEngine | None:
         cands = self.serving(Role.DECODE, Role.MIXED) or self.serving(Role.PREFILL)
         return pick_decode(cands, tr.id, tr.home, self.route_rng) if cands else None
-
-    def _park(self, tr: SimTrajectory, r: Request) -> None:
-        """No worker serves right now (e.g. every worker is restarting at a new tensor-parallel size):
-        the request waits with its tokens, and resumes by recompute on the next worker that is ready."""
-        r.prefill_only = False
-        r.num_computed = 0
-        tr.recomputes += 1
-        self.recomputed_tokens += r.num_tokens
-        self.parked.append((tr, r))
 
     # ------------------------------------------------------------------ rollout
     def _admit(self) -> None:
@@ -343,7 +343,7 @@ class Simulator:
             r.prefill_only = False
             eng = self._decode_target(tr)
             if eng is None:
-                self._park(tr, r)
+                self._recompute(tr, r)
                 return
             tr.home = eng
         tr.min_version = min(tr.min_version, eng.version)  # conservative: no token of the turn is older
@@ -363,8 +363,8 @@ class Simulator:
         if r.prefill_only:  # hand the KV to a decode worker
             r.prefill_only = False
             cands = self.serving(Role.DECODE) or self.serving(Role.MIXED)
-            if not cands:
-                self._park(tr, r)
+            if not cands:  # no decode-capable worker: wait for one
+                self._recompute(tr, r, park=True)
                 return
             dst = pick_decode(cands, tr.id, tr.home, self.route_rng)
             missing = r.num_tokens - 1 - dst.holds(tr.id)
@@ -384,16 +384,7 @@ class Simulator:
     def _arrive_decode(self, tr: SimTrajectory, r: Request, dst: EmulatedEngine) -> None:
         dst.incoming_tokens = max(0, dst.incoming_tokens - r.num_tokens)
         if not dst.accepting:  # the target left while the KV was in flight: resume by recompute
-            dst = self._decode_target(tr)
-            if dst is None:
-                self._park(tr, r)
-                return
-            r.num_computed = 0
-            tr.recomputes += 1
-            self.recomputed_tokens += r.num_tokens
-            tr.home = dst
-            tr.min_version = min(tr.min_version, dst.version)
-            dst.submit(r, self.clock.now)
+            self._recompute(tr, r)
             return
         tr.home = dst
         tr.min_version = min(tr.min_version, dst.version)
