@@ -133,6 +133,49 @@ class RLConfig(Frozen):
     train_passes: int = Field(default=1, ge=1)  # optimizer passes over each batch (ppo epochs)
 
 
+class ControllerConfig(Frozen):
+    """The controller's constants: every number `pearl.control.controller` uses that is not learned.
+
+    Times are seconds. Defaults are the values the shipped scenarios were tuned and measured with."""
+
+    # A worker whose weights are already in the device's memory (a lent train device, a role flip
+    # after a restart) serves this long after it is asked to start.
+    wake_s: float = Field(default=2.0, ge=0)
+    # Time for a worker to change role with its weights resident.
+    flip_s: float = Field(default=0.05, ge=0)
+    # Time to stop a worker once its requests are gone (tear-down, memory release).
+    stop_s: float = Field(default=0.5, ge=0)
+    # Tokens of KV one migrated request is assumed to carry (prices a migration in a plan).
+    migrate_tokens: int = Field(default=8192, ge=1)
+    # Per-request bookkeeping when a borrowed worker is vacated (added to the trainer's wait).
+    return_request_s: float = Field(default=0.001, ge=0)
+    # Requests assumed in flight on a lent worker when pricing an immediate return.
+    return_requests: int = Field(default=4, ge=0)
+    # Predictions this close (relative) are within the model's error: measure the runner-up instead.
+    explore_band: float = Field(default=0.05, ge=0, le=1)
+    # An exploration is taken only if its transition costs less than this share of the window.
+    explore_cost_share: float = Field(default=0.05, ge=0, le=1)
+    # A measurement counts only while the pipeline is "full": the time-averaged trajectories in
+    # flight are at least this share of the most the run has had (else it measures a batch's tail).
+    full_pipeline_share: float = Field(default=0.7, ge=0, le=1)
+    # A lend must save this many times what starting and vacating its workers cost (the model does
+    # not see the slowdown of migrating their requests back).
+    lend_gain_factor: float = Field(default=2.0, ge=0)
+    # Expected stay of an elastic device without a notice, when the trace gives no median lifetime.
+    elastic_stay_s: float = Field(default=3600.0, gt=0)
+    # The switching gate: hysteresis band (relative), streak for marginal candidates, and how many
+    # bands make a candidate "clear" (taken at once).
+    hysteresis: float = Field(default=0.05, ge=0)
+    confirm: int = Field(default=3, ge=1)
+    clear: float = Field(default=3.0, ge=0)
+    # Predictor resolution per decision: representative trajectories per class, events of the
+    # batch's tail, grid points of its expected maximum, and the fixed-point tolerance.
+    predict_reps: int = Field(default=32, ge=1)
+    predict_events: int = Field(default=8, ge=1)
+    predict_grid_points: int = Field(default=48, ge=8)
+    predict_tol: float = Field(default=1e-2, gt=0, lt=1)
+
+
 class PolicyConfig(Frozen):
     """Who decides the layout over time. `fixed`: the layout above, never changed."""
 
@@ -151,6 +194,7 @@ class PolicyConfig(Frozen):
     # Tensor-parallel sizes PEARL may choose (None: every size in 1, 2, 4, 8 that fits a node and
     # the model's KV heads); baselines keep engine.tp.
     tps: list[int] | None = None
+    controller: ControllerConfig = ControllerConfig()
 
 
 class ScenarioConfig(Frozen):

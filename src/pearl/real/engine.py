@@ -349,6 +349,10 @@ class TorchEngine:
         self.submit(m.req, m.params, kv=m.kv)
         return m.req
 
+    def set_role(self, role: Role | str) -> None:
+        """Serve as `role` from the next step on (the runtime moves in-flight requests out first)."""
+        self.role = self.scheduler.role = Role(role)
+
     def abort_all(self) -> list[Output]:
         return [self.abort(rid) for rid in list(self._live)]
 

@@ -11,9 +11,13 @@
 - an environment that raises or times out (`EnvRunner`) fails the trajectory with its reason; the
   engine session is dropped either way. A finished group (ok or failed members) is handed back.
 
-Layouts: `colocated` (every worker `mixed`, episodes spread round-robin) or `1P:1D` (worker 0
-prefills, the others decode; a request whose prefill ends with a hand-off continues on a decode
-worker with the KV blob). Weights arrive through `offer_weights`, applied between engine steps.
+Routing follows the workers' roles, so the layout may change during a run: while a prefill and a
+decode worker both serve, a turn starts on a prefill worker and its KV is handed to a decode worker
+when the prefill ends; otherwise turns run on mixed (or decode) workers. An episode keeps its worker
+while that worker serves its kind of turn (prefix reuse); new episodes go round-robin. Workers can
+be added (`add_engine`), drained, stopped (`stop_engine`: in-flight requests move with their KV or
+resume elsewhere from their tokens) and given a new role (`set_role`): the real runtime's actuators
+(`pearl.runtime.real_control`). Weights arrive through `offer_weights`, applied between engine steps.
 """
 from __future__ import annotations
 
@@ -22,10 +26,11 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from pearl.envs import EnvRunner
-from pearl.errors import EnvironmentFailure
+from pearl.errors import EnvironmentFailure, PearlError
 from pearl.real.engine import Output, TorchEngine
 from pearl.real.sampling import SamplingParams
 from pearl.rl.trajectory import Trajectory
+from pearl.types import Role
 
 
 @dataclass
@@ -41,14 +46,17 @@ class Episode:
     traj: Trajectory
     runner: EnvRunner
     group: Group
-    engine: int  # index of the engine holding its session (prefill engine under 1P:1D)
+    engine: int  # index of the engine that starts its turns (a prefill engine under PD)
 
 
 class AgentLoop:
     def __init__(self, engines: list[TorchEngine], layout: str, make_env: Callable[[], Any],
                  sampling: SamplingParams, group_size: int, env_timeout_s: float | None,
                  use_system_prompt: bool = True):
-        self.engines, self.layout = engines, layout
+        self.engines, self.layout = list(engines), layout
+        self.stopped: set[int] = set()  # engine indices no longer running
+        self.draining: set[int] = set()  # engine indices taking no new turns (about to stop)
+        self.parked: list[tuple[Any, Any]] = []  # (request, kv) waiting for a worker to serve them
         self.make_env, self.params, self.group_size = make_env, sampling, group_size
         self.env_timeout_s, self.use_system_prompt = env_timeout_s, use_system_prompt
         self.tok = engines[0].tokenizer
@@ -69,12 +77,13 @@ class AgentLoop:
         with self._lock:
             pending, self._pending_weights = self._pending_weights, None
         if pending is not None:
-            for e in self.engines:
-                e.update_weights(*pending)
+            for i in self.live():
+                self.engines[i].update_weights(*pending)
 
     @property
     def version(self) -> int:
-        return self.engines[0].version
+        live = self.live()
+        return self.engines[live[0] if live else 0].version
 
     # ------------------------------------------------------------ episodes
     def _glue(self) -> list[int]:
@@ -107,27 +116,110 @@ class AgentLoop:
             self._submit(ep)
         return done
 
+    # ------------------------------------------------------------ routing by role
+    def serving(self, *roles: Role) -> list[int]:
+        """Indices of the engines taking new turns in one of `roles`."""
+        return [i for i, e in enumerate(self.engines)
+                if i not in self.stopped and i not in self.draining and e.role in roles]
+
+    def turn_targets(self) -> list[int]:
+        """Where a turn starts: a prefill worker while prefill and decode workers both serve, else a
+        mixed (or decode, or as a last resort prefill) worker."""
+        pre, dec = self.serving(Role.PREFILL), self.serving(Role.DECODE)
+        if pre and dec:
+            return pre
+        return self.serving(Role.MIXED, Role.DECODE) or pre
+
+    def decode_targets(self) -> list[int]:
+        """Where a turn whose prefill is done continues."""
+        return self.serving(Role.DECODE) or self.serving(Role.MIXED) or self.serving(Role.PREFILL)
+
     def _pick_engine(self) -> int:
-        if self.layout == "1P:1D":
-            return 0
-        self._rr = (self._rr + 1) % len(self.engines)
-        return self._rr
+        cands = self.turn_targets()
+        if not cands:
+            raise PearlError("no rollout worker is serving: the layout has no worker that can start a turn")
+        self._rr = (self._rr + 1) % len(cands)
+        return cands[self._rr]
 
     def _submit(self, ep: Episode, kv: Any = None, engine: int | None = None) -> None:
         t = ep.traj
+        if engine is None and ep.engine not in self.turn_targets():
+            ep.engine = self._pick_engine()  # its worker left or changed role
         e = self.engines[ep.engine if engine is None else engine]
         e.add_request(t.token_ids, self.params, session=t.id, rid=f"{t.id}:{t.turns}", kv=kv)
 
+    def live(self) -> list[int]:
+        return [i for i in range(len(self.engines)) if i not in self.stopped]
+
+    # ------------------------------------------------------------ changing the layout
+    def add_engine(self, engine: Any) -> int:
+        """A new worker; requests parked while no worker could serve them go to it."""
+        self.engines.append(engine)
+        parked, self.parked = self.parked, []
+        for req, kv in parked:
+            self._resubmit(req, kv)
+        return len(self.engines) - 1
+
+    def _take_out(self, i: int, migrate: bool) -> list[tuple[Any, Any]]:
+        """Every request on engine `i`, out of it: (request with its tokens so far, KV or None)."""
+        e, out = self.engines[i], []
+        for req in list(e.requests()):
+            if migrate:
+                m = e.migrate_out(req.rid)
+                out.append((m.req, m.kv))
+            else:
+                out.append((e.abort(req.rid).req, None))
+        return out
+
+    def _resubmit(self, req: Any, kv: Any) -> None:
+        """Continue a request elsewhere: a turn still prefilling starts again where turns start; one
+        that is decoding continues on a decode-capable worker (with its KV if it travelled)."""
+        cands = self.decode_targets() if req.num_generated > 0 else self.turn_targets()
+        if not cands:
+            self.parked.append((req, kv))
+            return
+        i = cands[hash(req.session) % len(cands)]
+        self.engines[i].submit(req, self.params, kv=kv)
+        ep = self.episodes.get(req.session)
+        if ep is not None and i in self.turn_targets():
+            ep.engine = i
+
+    def stop_engine(self, i: int, migrate: bool = True) -> int:
+        """Stop worker `i`: its requests move (KV with them if `migrate`) or resume elsewhere from their
+        tokens. Returns how many requests moved."""
+        if i in self.stopped:
+            return 0
+        self.stopped.add(i)
+        self.draining.discard(i)
+        moved = self._take_out(i, migrate)
+        for req, kv in moved:
+            self._resubmit(req, kv)
+        for tid in list(self.episodes):
+            if self.engines[i].holds(tid):
+                self.engines[i].drop_session(tid)
+        return len(moved)
+
+    def set_role(self, i: int, role: Role) -> None:
+        """Give worker `i` a new role with its weights resident; its requests move out and are routed
+        again (some may come back)."""
+        if i in self.stopped:
+            return
+        moved = self._take_out(i, migrate=True)
+        self.engines[i].set_role(role)
+        for req, kv in moved:
+            self._resubmit(req, kv)
+
     # ------------------------------------------------------------ one pass of the loop
     def has_work(self) -> bool:
-        return any(e.has_work() for e in self.engines)
+        return any(self.engines[i].has_work() for i in self.live())
 
     def step(self) -> list[Group]:
         """Apply pending weights, run one step on every engine with work, advance the episodes
         whose turn finished; return the groups that completed."""
         self.apply_weights()
         done: list[Group] = []
-        for idx, e in enumerate(self.engines):
+        for idx in self.live():
+            e = self.engines[idx]
             if not e.has_work():
                 continue
             for out in e.step():
@@ -137,9 +229,8 @@ class AgentLoop:
     def _on_output(self, idx: int, out: Output) -> list[Group]:
         tid = out.req.session
         ep = self.episodes[tid]
-        if out.finish_reason == "prefill":  # 1P:1D hand-off: continue on a decode worker with the KV
-            target = 1 + hash(tid) % (len(self.engines) - 1)
-            self.engines[target].submit(out.req, self.params, kv=out.kv)
+        if out.finish_reason == "prefill":  # PD hand-off: continue on a decode worker with the KV
+            self._resubmit(out.req, out.kv)
             return []
         t = ep.traj
         toks = out.token_ids
@@ -164,9 +255,9 @@ class AgentLoop:
 
     def _drop(self, tid: str) -> None:
         """The episode ended: free its retained KV wherever it is held."""
-        for e in self.engines:
-            if e.holds(tid):
-                e.drop_session(tid)
+        for i in self.live():
+            if self.engines[i].holds(tid):
+                self.engines[i].drop_session(tid)
 
     def _fail(self, ep: Episode, reason: str) -> list[Group]:
         ep.traj.fail(reason)

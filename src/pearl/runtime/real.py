@@ -12,21 +12,24 @@
    gate), trains, bumps the version and offers the snapshot to the engines;
 3. logs every step live (rich), appends it to `metrics.jsonl` and ends with `summary.json`.
 
-`layout: auto` (the default): with two or more rollout workers, `choose_layout` asks the controller's
-selector (`pearl.control.selector.select`, as the simulator's PEARL policy does) whether colocated or
-1P:(N-1)D finishes a fresh staleness window of trajectories first, on a PerfModel of this model on
-hardware "cpu" (coefficients from `profile:` if given, else a quick calibration of the real engine, else
-the defaults) and the env's typical turn shape. One worker is always colocated. The decision and its
+`layout: auto` (the default): with two or more rollout workers, `choose_layout`
+(`pearl.runtime.real_layout`) asks the controller's selector whether colocated or 1P:(N-1)D finishes
+a fresh staleness window of trajectories first, on a PerfModel of this model on hardware "cpu"
+(coefficients from `profile:` if given, else a quick calibration of the real engine, else the
+defaults) and the env's typical turn shape. One worker is always colocated. The decision and its
 reason are printed at the start and saved as `layout_decision` in summary.json.
+
+During the run (local backend) the same `Controller` the simulator uses ticks on the wall clock every
+`policy.decision_interval_s` (`pearl.runtime.real_control.RealControl`): it measures the layout,
+re-decides, and may switch roles, ratio or worker count; every decision, "keep" included, is saved
+with its reason in summary.json (`decisions`). The Ray backend keeps its first layout.
 
 Every trajectory is counted exactly once as trained (ok), failed (with its reason) or stale.
 """
 from __future__ import annotations
 
 import copy
-import importlib.resources
 import json
-import os
 import queue
 import threading
 import time
@@ -37,138 +40,12 @@ import torch
 from rich.console import Console
 from rich.markup import escape
 
-from pearl.config import deep_merge, read_yaml
+from pearl.control.observation import TrainerObs
 from pearl.control.staleness import StalenessGate
-from pearl.errors import ResourceError
-from pearl.real.train_config import TrainConfig, check_names, parse_train_config
+from pearl.runtime.real_layout import check_memory, choose_layout, control_setting, probe_workload
+from pearl.runtime.train_config import TrainConfig, load_train_config
 
-# Trainer copy: fp32 weights + grads + two AdamW moments; each engine holds one more fp32 copy.
-TRAINER_BYTES_PER_PARAM = 16
-ENGINE_BYTES_PER_PARAM = 4
-KNOWN_PARAMS = {"smollm2-135m": 134_515_008}
-
-
-def default_config_text() -> str:
-    return (importlib.resources.files("pearl") / "data" / "train_default.yaml").read_text()
-
-
-def load_train_config(config_path: Path | None, overrides: dict[str, Any] | None = None) -> TrainConfig:
-    import yaml
-
-    if config_path is None:
-        data, what = yaml.safe_load(default_config_text()) or {}, "train config (default)"
-    else:
-        data, what = read_yaml(config_path), str(config_path)
-    if overrides:
-        data = deep_merge(data, overrides)
-    cfg = parse_train_config(data, what)
-    check_names(cfg)
-    return cfg
-
-
-def available_memory() -> int:
-    try:
-        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    except (ValueError, OSError, AttributeError):
-        return 1 << 62  # unknown: do not block the run
-
-
-def model_params(name: str) -> int:
-    if name == "tiny":
-        from pearl.real.models import model_numbers, tiny_config
-
-        return model_numbers(tiny_config()).params
-    return KNOWN_PARAMS.get(name, 0)
-
-
-def check_memory(name: str, workers: int, available: int | None = None) -> int:
-    """Bytes the run needs; ResourceError when it exceeds the available memory (before loading)."""
-    need = model_params(name) * (TRAINER_BYTES_PER_PARAM + workers * ENGINE_BYTES_PER_PARAM)
-    avail = available_memory() if available is None else available
-    if need > avail:
-        raise ResourceError(f"model {name!r} needs about {need / 2**30:.1f} GiB for training plus {workers} "
-                            f"engine copies, but only {avail / 2**30:.1f} GiB of memory is available")
-    return need
-
-
-def _perf_model(cfg: TrainConfig, loaded: Any) -> tuple[Any, str]:
-    """PerfModel of the engine on hardware "cpu": a saved profile, else a quick calibration (a reduced
-    sweep, a few seconds at most), else the default coefficients. Returns (model, where from)."""
-    from pearl.perf.hardware import get_hardware
-    from pearl.perf.profile import load_profile
-    from pearl.perf.roofline import PerfModel
-    from pearl.real.profiling import fit_profile, measure_steps, model_shape
-
-    shape = model_shape(loaded.config, cfg.model)
-    if cfg.profile:
-        prof = load_profile(cfg.profile)  # missing or bad file -> one-line ConfigError
-        return prof.perf_model(shape), f"profile {cfg.profile}"
-    t0 = time.perf_counter()
-    try:
-        from pearl.real.engine import TorchEngine
-
-        eng = TorchEngine(loaded, num_threads=1, seed=cfg.seed)
-        big = model_params(cfg.model) > 50_000_000
-        samples = measure_steps(eng, decode_batches=(1, 4) if big else (1, 4, 16),
-                                contexts=(16, 64) if big else (32, 128), prefill_chunks=(16, 64),
-                                decode_steps=2 if big else 3, repeats=1 if big else 2, warmup=not big)
-        prof, _ = fit_profile(samples, shape, "cpu", max_rel_error=0.5)
-        return prof.perf_model(shape), f"calibrated on {len(samples)} step shapes in {time.perf_counter() - t0:.1f} s"
-    except Exception as err:  # a refused fit (or anything else) must not stop the run: use the defaults
-        return PerfModel(shape, get_hardware("cpu")), f"default coefficients (calibration failed: {err})"
-
-
-def choose_layout(cfg: TrainConfig, loaded: Any, probe: Any, max_new_tokens: int) -> dict[str, Any]:
-    """The rollout layout of this run: `cfg.layout` unless it is "auto"; then, with N >= 2 workers, the
-    selector's pick between colocated and 1P:(N-1)D (the layouts the runtime runs). Returns the
-    decision: requested, chosen, reason, ranked (top 3, predicted seconds) and the perf model's source."""
-    n = cfg.rollout_workers
-    if cfg.layout != "auto":
-        return {"requested": cfg.layout, "chosen": cfg.layout, "reason": f"layout {cfg.layout!r} set in the config",
-                "ranked": []}
-    if n < 2:
-        return {"requested": "auto", "chosen": "colocated",
-                "reason": "1 rollout worker: colocated is the only layout (P:D needs rollout_workers >= 2)",
-                "ranked": []}
-    from pearl.config import EngineConfig
-    from pearl.control.predictor import BatchState, WorkloadStats
-    from pearl.control.selector import select
-    from pearl.types import LayoutShape, Mode
-    from pearl.workloads import TrajectorySpec
-
-    tok = loaded.tokenizer
-    obs = probe.reset(cfg.seed)
-    msgs = []
-    system = getattr(probe, "system_prompt", "")
-    if cfg.env.use_system_prompt and system:
-        msgs.append({"role": "system", "content": system})
-    msgs.append({"role": "user", "content": obs})
-    prompt = len(tok.chat(msgs))
-    observation = len(tok.chat([{"role": "user", "content": obs}]))  # a later turn's observation, as a turn
-    t0 = time.perf_counter()
-    try:  # one env step: the environment's latency per turn
-        acts = probe.allowed_actions
-        probe.step(acts[0] if acts else "")
-    except Exception:
-        pass
-    env_s = time.perf_counter() - t0
-    turns = max(1, int(getattr(probe, "max_turns", 8) or 8))
-    spec = TrajectorySpec(0, 0, prompt, (max_new_tokens,) * turns, (observation,) * (turns - 1), (env_s,) * turns)
-    stats = WorkloadStats.from_samples([spec])
-    batch = BatchState.fresh(cfg.prompts_per_step * cfg.group_size * (cfg.staleness + 1))
-    pm, source = _perf_model(cfg, loaded)
-    engine = EngineConfig(tp=1, max_num_seqs=cfg.engine.max_num_seqs, max_batched_tokens=cfg.engine.max_batched_tokens)
-    shapes = [LayoutShape.colocated(n, 1), LayoutShape.disaggregated(1, n - 1, 1)]
-    sel = select(n, {1: pm}, engine, stats, batch, shapes=shapes)
-    chosen = "colocated" if sel.best.mode is Mode.COLOCATED else "1P:1D"
-    preds = ", ".join(f"{shp} {pred.completion_s * 1e3:.0f} ms" for shp, pred, _, _ in sel.ranked)
-    reason = f"{sel.reason} [per window of {batch.size} trajectories: {preds}]"
-    return {"requested": "auto", "chosen": chosen, "shape": str(sel.best), "reason": reason,
-            "ranked": [{"layout": str(shp), "predicted_s": round(pred.completion_s, 4), "score_s": round(score, 4),
-                        "bottleneck": pred.bottleneck} for shp, pred, _, score in sel.ranked[:3]],
-            "perf_model": source,
-            "workload": {"prompt_tokens": prompt, "response_tokens": max_new_tokens, "observation_tokens": observation,
-                         "turns": turns, "env_latency_s": round(env_s, 6), "batch": batch.size}}
+__all__ = ["Run", "load_train_config", "run_training", "summarize"]
 
 
 def _success(t: Any) -> bool:
@@ -181,54 +58,26 @@ class Run:
 
     def __init__(self, cfg: TrainConfig, console: Console, out_dir: Path):
         from pearl.envs import load_env
-        from pearl.real.engine import TorchEngine
         from pearl.real.models import load_model
-        from pearl.real.sampling import SamplingParams
-        from pearl.rl.trainer import GRPOTrainer
-        from pearl.runtime.agent import AgentLoop
 
         self.cfg, self.console, self.out_dir = cfg, console, out_dir
         env_kwargs = dict(cfg.env.kwargs)
         probe = load_env(cfg.env.name, **env_kwargs)  # bad kwargs -> ConfigError before any model work
         check_memory(cfg.model, cfg.rollout_workers)
         torch.manual_seed(cfg.seed)
-        loaded = load_model(cfg.model)
-        tok = loaded.tokenizer
-        allowed = None
-        acts = probe.allowed_actions
-        if cfg.sampling.restrict_actions and acts:
-            ids = [tok.encode(a) for a in acts]
-            if all(len(i) == 1 for i in ids):  # one token per action: sample exactly one token a turn
-                allowed = tuple(i[0] for i in ids)
-        self.sampling = SamplingParams(
-            temperature=cfg.sampling.temperature, top_p=cfg.sampling.top_p,
-            max_new_tokens=1 if allowed else cfg.sampling.max_new_tokens, allowed_token_ids=allowed)
-        self.layout_decision = choose_layout(cfg, loaded, probe, self.sampling.max_new_tokens)
+        loaded = self.loaded = load_model(cfg.model)
+        allowed = self._sampling(probe)
+        stats, workload = probe_workload(cfg, loaded, probe, self.sampling.max_new_tokens)
+        self.setting, source = control_setting(cfg, loaded, stats)
+        self.layout_decision = choose_layout(cfg, self.setting, workload, source)
         cfg = self.cfg = cfg.model_copy(update={"layout": self.layout_decision["chosen"]})
-        es = cfg.engine
         roles = (["prefill"] + ["decode"] * (cfg.rollout_workers - 1)) if cfg.layout == "1P:1D" \
             else ["mixed"] * cfg.rollout_workers
         self.backend: Any = None
         if cfg.backend == "local":
-            self.engines = [TorchEngine(loaded, r, max_num_seqs=es.max_num_seqs,
-                                        max_batched_tokens=es.max_batched_tokens,
-                                        kv_capacity_tokens=es.kv_capacity_tokens, seed=cfg.seed + i, wid=i)
-                            for i, r in enumerate(roles)]
-        model = copy.deepcopy(loaded.hf_model)
-        model.requires_grad_(True)
-        tc = cfg.trainer
-        if getattr(tok, "pad_token_id", None) is not None and "pad_token_id" not in tc.model_fields_set:
-            tc = tc.model_copy(update={"pad_token_id": int(tok.pad_token_id)})
-        self.trainer = GRPOTrainer(model, tc, allowed_token_ids=list(allowed) if allowed else None)
-        loop_cls = AgentLoop
-        if cfg.backend == "ray":  # last, so nothing after it can fail and leave Ray actors behind
-            from pearl.runtime.ray_backend import RayAgentLoop, RayBackend
-
-            self.backend = RayBackend(cfg, loaded, roles)
-            self.engines, loop_cls = self.backend.engines, RayAgentLoop
-        self.agent = loop_cls(self.engines, cfg.layout, lambda: load_env(cfg.env.name, **env_kwargs),
-                               self.sampling, cfg.group_size, cfg.env.timeout_s, cfg.env.use_system_prompt)
-        self.layout = f"{cfg.layout} ({'+'.join(roles)})" + (" [ray]" if self.backend else "")
+            self.engines = [self._engine(r, i) for i, r in enumerate(roles)]
+        self._trainer(allowed)
+        self._loop(roles, lambda: load_env(cfg.env.name, **env_kwargs))
         self.gate = StalenessGate(cfg.batch_size, cfg.staleness)
         self.groups: queue.Queue = queue.Queue()
         self.lock = threading.Lock()
@@ -239,13 +88,83 @@ class Run:
         self.fail_reasons: dict[str, int] = {}
         self.history: list[dict[str, Any]] = []
         self.trained_staleness: list[int] = []
+        self.training = False
+        self.batch_ready_t: list[float] = []  # control-clock times the trainer found a full batch
+
+    def _sampling(self, probe: Any) -> tuple[int, ...] | None:
+        """Sampling parameters; the env's allowed actions when each is one token (then one token a turn)."""
+        from pearl.real.sampling import SamplingParams
+
+        cfg, tok, allowed = self.cfg, self.loaded.tokenizer, None
+        acts = probe.allowed_actions
+        if cfg.sampling.restrict_actions and acts:
+            ids = [tok.encode(a) for a in acts]
+            if all(len(i) == 1 for i in ids):
+                allowed = tuple(i[0] for i in ids)
+        self.sampling = SamplingParams(
+            temperature=cfg.sampling.temperature, top_p=cfg.sampling.top_p,
+            max_new_tokens=1 if allowed else cfg.sampling.max_new_tokens, allowed_token_ids=allowed)
+        return allowed
+
+    def _engine(self, role: Any, i: int, share: Any = None) -> Any:
+        from pearl.real.engine import TorchEngine
+
+        es = self.cfg.engine
+        return TorchEngine(self.loaded, role, max_num_seqs=es.max_num_seqs, max_batched_tokens=es.max_batched_tokens,
+                           kv_capacity_tokens=es.kv_capacity_tokens, seed=self.cfg.seed + i, wid=i,
+                           share_weights_with=share)
+
+    def _trainer(self, allowed: tuple[int, ...] | None) -> None:
+        from pearl.rl.trainer import GRPOTrainer
+
+        tok = self.loaded.tokenizer
+        model = copy.deepcopy(self.loaded.hf_model)
+        model.requires_grad_(True)
+        tc = self.cfg.trainer
+        if getattr(tok, "pad_token_id", None) is not None and "pad_token_id" not in tc.model_fields_set:
+            tc = tc.model_copy(update={"pad_token_id": int(tok.pad_token_id)})
+        self.trainer = GRPOTrainer(model, tc, allowed_token_ids=list(allowed) if allowed else None)
+
+    def _loop(self, roles: list[str], make_env: Any) -> None:
+        """The agent loop over the engines, and the controller that drives them (local backend)."""
+        from pearl.runtime.agent import AgentLoop
+
+        cfg, loop_cls = self.cfg, AgentLoop
+        if cfg.backend == "ray":  # last, so nothing after it can fail and leave Ray actors behind
+            from pearl.runtime.ray_backend import RayAgentLoop, RayBackend
+
+            self.backend = RayBackend(cfg, self.loaded, roles)
+            self.engines, loop_cls = self.backend.engines, RayAgentLoop
+        self.agent = loop_cls(self.engines, cfg.layout, make_env, self.sampling, cfg.group_size, cfg.env.timeout_s,
+                              cfg.env.use_system_prompt)
+        self.layout = f"{cfg.layout} ({'+'.join(roles)})" + (" [ray]" if self.backend else "")
+        self.control = None
+        if cfg.backend == "local":
+            from pearl.runtime.real_control import RealControl
+
+            def make_engine(role: Any, idx: int) -> Any:
+                live = self.agent.live()
+                return self._engine(role, idx, share=self.agent.engines[live[0]] if live else None)
+
+            self.control = RealControl(self.agent, cfg.policy, self.setting, make_engine, self._trainer_obs)
+
+    def current_layout(self) -> str:
+        return self.layout if self.control is None else str(self.control.state.shape())
+
+    def _trainer_obs(self) -> TrainerObs:
+        return TrainerObs(self.training, self.groups.qsize(), self.cfg.prompts_per_step,
+                          tuple(self.batch_ready_t[-4:]), (self.control.train_device,) if self.control else ())
 
     # ------------------------------------------------------------ rollout thread
     def rollout(self) -> None:
         torch.set_num_threads(1)
         gid = 0
+        if self.control is not None:
+            self.control.driver.start()
         try:
             while not self.stop.is_set():
+                if self.control is not None:
+                    self.control.clock.run_due()  # the controller's ticks and delayed actions, between steps
                 with self.lock:
                     # Admit by the version the engines will stamp on the tokens: they apply a new
                     # snapshot between steps, so they can lag the trainer, and a gate on the
@@ -317,8 +236,12 @@ class Run:
                         self.fail_reasons[t.reason or "unknown"] = self.fail_reasons.get(t.reason or "unknown", 0) + 1
                     self.trained_staleness += [t.staleness(self.trainer.version) for t in batch]
                 m: dict[str, Any] = {"step": step}
+                if self.control is not None:
+                    self.batch_ready_t.append(self.control.clock.now)
                 if batch:
+                    self.training = True
                     tm = self.trainer.step(batch)
+                    self.training = False
                     m.update({k: tm[k] for k in ("version", "loss", "grad_norm", "clip_fraction", "reward_mean",
                                                  "reward_std", "staleness_mean", "staleness_max")})
                     m["success_rate"] = sum(map(_success, batch)) / len(batch)
@@ -333,7 +256,7 @@ class Run:
                           "wait_for_batch_s": round(wait_s, 4), "step_s": round(now - last, 4),
                           "elapsed_s": round(now - t_start, 3),
                           "trajectories_per_s": (len(batch) + len(failed) + stale) / max(now - last, 1e-9),
-                          "tokens_per_s": (gen - tok_last) / max(now - last, 1e-9), "layout": self.layout,
+                          "tokens_per_s": (gen - tok_last) / max(now - last, 1e-9), "layout": self.current_layout(),
                           "failure_reasons": sorted({t.reason for t in failed})[:3]})
                 last, tok_last = now, gen
                 self.history.append(m)
@@ -372,6 +295,9 @@ def summarize(history: list[dict[str, Any]], run: Run, wall_s: float) -> dict[st
             "trajectories_admitted": run.admitted, "trajectories_unfinished": run.unfinished(),
             "staleness_eta": run.cfg.staleness, "staleness_max": max(st, default=0),
             "staleness_mean": mean([float(x) for x in st]) or 0.0, "layout_decision": run.layout_decision,
+            "controller": run.control.summary() if run.control else {"policy": "fixed", "note": "the ray backend "
+                                                                     "keeps its first layout"},
+            "decisions": run.control.driver.decisions if run.control else [],
             **run.agent.engine_stats()}
 
 

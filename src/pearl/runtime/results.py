@@ -4,19 +4,17 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from pearl.types import Pool, Role
-
-if TYPE_CHECKING:
-    from pearl.runtime.sim import Simulator
 
 
 def _r(x: float, nd: int = 4) -> float:
     return float(round(x, nd))
 
 
-def collect(sim: "Simulator") -> dict[str, Any]:
+def collect(sim: Any) -> dict[str, Any]:
+    """The result of a finished `pearl.runtime.sim.Simulator` run."""
     T = max(sim.clock.now, 1e-9)
     steps = sim.steps
     # Steady state: from the end of the first training step to the end of the last one.
@@ -45,7 +43,7 @@ def collect(sim: "Simulator") -> dict[str, Any]:
     rollout_s = [b - a for a, b in zip(sim.batch_ready_t, sim.batch_ready_t[1:])]
     return {
         "scenario": sim.cfg.name,
-        "policy": sim.policy.name,
+        "policy": sim.driver.name,
         "seed": sim.cfg.seed,
         "virtual_s": _r(T, 3),
         "train_steps": len(done),
@@ -68,11 +66,11 @@ def collect(sim: "Simulator") -> dict[str, Any]:
         "reconfiguration": {"migrated_requests": sim.migrated, "recomputed_tokens": sim.recomputed_tokens,
                             "preemptions": sum(e.preemptions for e in sim.all_engines),
                             "kv_evictions": sum(e.evictions for e in sim.all_engines),
-                            "switches": sum(1 for d in sim.decisions if d.get("switch")),
-                            "decisions": len(sim.decisions)},
+                            "switches": sum(1 for d in sim.driver.decisions if d.get("switch")),
+                            "decisions": len(sim.driver.decisions)},
         "layout_final": str(sim.state.shape()) if sim.engines else "none",
         "events": sim.clock.events_run,
-        "decisions": sim.decisions,
+        "decisions": sim.driver.decisions,
     }
 
 

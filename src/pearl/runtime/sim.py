@@ -1,9 +1,10 @@
 """The virtual-time simulator of a whole asynchronous agentic-RL cluster.
 
 Owns the virtual clock, the emulated engines, the agent loops, the emulated trainer and the metrics;
-decisions (which layout, when to borrow, how to absorb elastic devices) come from a `Policy`
-(`pearl.runtime.policies`), which acts only through the actuators here: `start_worker`,
-`stop_worker`, `set_role`, `lend`, `reclaim`. The unified `ClusterState` records every change.
+decisions (which layout, when to borrow, how to absorb elastic devices) come from the controller
+(`pearl.control.policies.make_controller`), driven through `pearl.runtime.sim_control.SimControl`,
+which observes this simulator and acts through its actuators (`start_worker`, `stop_worker`,
+`set_role`, `ClusterState.lend`/`reclaim`). The unified `ClusterState` records every change.
 """
 from __future__ import annotations
 
@@ -20,7 +21,10 @@ from pearl.engine.router import pick_decode, pick_prefill
 from pearl.perf.hardware import get_hardware
 from pearl.perf.models import get_model
 from pearl.perf.roofline import PerfModel
+from pearl.control.observation import TrainerIdle, TrainerNeedsDevices
 from pearl.runtime.clock import VirtualClock
+from pearl.runtime.elastic import trace
+from pearl.runtime.sim_control import SimControl
 from pearl.types import DeviceStatus, Pool, Role, WorkerPhase
 from pearl.workloads import TrajectorySpec, Workload
 
@@ -54,9 +58,7 @@ class Group:
 
 
 class Simulator:
-    def __init__(self, cfg: ScenarioConfig, policy=None):
-        from pearl.runtime.policies import make_policy  # policies import this module's types
-
+    def __init__(self, cfg: ScenarioConfig):
         self.cfg = cfg
         self.clock = VirtualClock()
         self.model = get_model(cfg.model)
@@ -77,7 +79,7 @@ class Simulator:
         self.all_engines: list[EmulatedEngine] = []  # every engine ever started (metrics)
         self.device_time: dict[int, list[float]] = {}  # device -> [joined at, left at] (elastic)
         self.version = 0
-        self.policy = policy or make_policy(cfg.policy)
+        self.control = SimControl(self)
         self._build_cluster()
         # rollout bookkeeping
         self.next_group = 0
@@ -101,7 +103,6 @@ class Simulator:
         self.trainer_device_wait = 0.0
         self.migrated = 0
         self.recomputed_tokens = 0
-        self.decisions: list[dict] = []
 
     # ------------------------------------------------------------------ cluster
     def _build_cluster(self) -> None:
@@ -129,49 +130,9 @@ class Simulator:
         return sum(((e.stopped_t if e.stopped_t is not None else T) - e.started_t)
                    for e in self.all_engines if e.role is not Role.PREFILL)
 
-    # ------------------------------------------------------------------ elastic devices
-    def _elastic_add(self, b) -> None:
-        t = self.clock.now
-        node = self.next_node
-        self.next_node += 1
-        devs = [self.state.add_device(t, Pool.ELASTIC, node=node) for _ in range(b.count)]
-        for d in devs:
-            self.device_time[d] = [t, None]
-        if b.notice_s is not None:
-            self.clock.at(max(t, b.t_remove - b.notice_s), self._elastic_notice, devs, b.t_remove)
-        self.clock.at(b.t_remove, self._elastic_remove, devs, b.notice_s is None)
-        self.policy.on_devices_added(self, devs)
-
-    def _elastic_notice(self, devs: list[int], at: float) -> None:
-        for d in devs:
-            if self.state.devices[d].status is not DeviceStatus.GONE:
-                self.state.notice(self.clock.now, d, at)
-        self.policy.on_notice(self, devs, at)
-
-    def _elastic_remove(self, devs: list[int], abrupt: bool) -> None:
-        t = self.clock.now
-        for d in devs:
-            wid = self.state.devices[d].worker
-            eng = self.engines.get(wid) if wid is not None else None
-            if eng is not None:  # abrupt loss: the KV is gone, requests resume from their tokens
-                self.stop_worker(eng, migrate=False)
-        for d in devs:
-            self.state.remove_device(t, d, abrupt)
-            self.device_time[d][1] = t
-        self.policy.on_devices_removed(self, devs)
-
     def workers_on(self, devs) -> list[EmulatedEngine]:
         ds = set(devs)
         return [e for e in self.engines.values() if ds.intersection(e.devices)]
-
-    # ------------------------------------------------------------------ lending
-    def lend(self, devs: list[int], deadline: float) -> None:
-        for d in devs:
-            self.state.lend(self.clock.now, d, deadline)
-
-    def reclaim(self, devs: list[int]) -> None:
-        for d in devs:
-            self.state.reclaim(self.clock.now, d)
 
     def perf_for(self, tp: int) -> PerfModel:
         """The worker model at tensor-parallel size `tp` (raises ResourceError if it does not fit)."""
@@ -210,7 +171,6 @@ class Simulator:
             parked, self.parked = self.parked, []
             for tr, r in parked:
                 self._submit(tr, r, self.clock.now)
-            self.policy.on_worker_ready(self, eng)
 
     def stop_worker(self, eng: EmulatedEngine, migrate: bool = True) -> None:
         """Stop a worker; its in-flight requests move (KV migration) or resume elsewhere (recompute)."""
@@ -432,7 +392,7 @@ class Simulator:
             self._admit()
             return
         self.batch_ready_t.append(t)
-        wait_devices = self.policy.trainer_needs_devices(self, t)  # borrowed devices must come back
+        wait_devices = self.driver.event(TrainerNeedsDevices())  # borrowed devices must come back
         self.trainer_busy = True
         self.clock.at(t + wait_devices, self._train_start, batch, t)
 
@@ -451,7 +411,6 @@ class Simulator:
                                train_s=dur, trainer_idle_s=idle, device_wait_s=t - t_ready,
                                trajectories=len(trajs), tokens=tokens,
                                max_staleness=max(self.version - tr.min_version for tr in trajs)))
-        self.policy.on_train_start(self, t, t + dur)
         self.clock.at(t + dur, self._train_end, trajs)
 
     def _train_end(self, trajs: list[SimTrajectory]) -> None:
@@ -462,14 +421,19 @@ class Simulator:
         self.trainer_busy = False
         self.trainer_idle_since = t
         self.state.set_training(t, self.train_devices, False)
-        sync = self.perf.weight_sync_time()
-        for eng in list(self.engines.values()):  # weight push: each worker stalls for the sync
-            eng.pause(t, t + sync, self.version)
-            if self.state.workers[eng.wid].phase is not WorkerPhase.STOPPED:
-                self.state.set_version(t, eng.wid, self.version)
-        self.policy.on_train_end(self, t)
+        self.push_weights(self.version)
+        self.driver.event(TrainerIdle())
         self._admit()
         self._maybe_train()
+
+    def push_weights(self, version: int) -> None:
+        """Weight push: each worker stalls for the sync and serves `version` after it."""
+        t = self.clock.now
+        sync = self.perf.weight_sync_time()
+        for eng in list(self.engines.values()):
+            eng.pause(t, t + sync, version)
+            if self.state.workers[eng.wid].phase is not WorkerPhase.STOPPED:
+                self.state.set_version(t, eng.wid, version)
 
     # ------------------------------------------------------------------ running
     def _on_plan(self, eng: EmulatedEngine) -> None:
@@ -484,27 +448,13 @@ class Simulator:
         m = self.cfg.max_train_steps
         return m is not None and len(self.steps) >= m and not self.trainer_busy
 
-    def run(self):
+    def run(self) -> dict:
         from pearl.runtime.results import collect
 
-        from pearl.runtime.elastic import trace
-
-        self.policy.setup(self)
+        self.driver = self.control.setup()
         for b in trace(self.cfg.cluster.elastic, self.cfg.duration_s, self.cfg.seed):
-            self.clock.at(b.t_add, self._elastic_add, b)
+            self.clock.at(b.t_add, self.control.elastic_add, b)
         self._admit()
-        clock = self.clock
-        until = self.cfg.duration_s
-        heap = clock._heap
-        import heapq
-
-        while True:
-            if not heap or heap[0][0] > until or self._done():
-                break
-            t, _, fn, args = heapq.heappop(heap)
-            clock.now = t
-            fn(*args)
-            clock.events_run += 1
-        clock.now = min(max(clock.now, 0.0), until) if not self._done() else clock.now
+        self.clock.run(self.cfg.duration_s, stop=self._done)
         self._count_active(0)
         return collect(self)

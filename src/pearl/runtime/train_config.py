@@ -10,7 +10,10 @@ from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
-from pearl.config import Frozen, parse_config
+import importlib.resources
+from pathlib import Path
+
+from pearl.config import Frozen, PolicyConfig, deep_merge, parse_config, read_yaml
 from pearl.rl.trainer import TrainerConfig
 
 
@@ -36,6 +39,18 @@ class EngineSettings(Frozen):
     kv_capacity_tokens: int = Field(default=65536, ge=64)
 
 
+class TrainPolicy(PolicyConfig):
+    """`PolicyConfig` with defaults for a real run on this machine's time scale (seconds, not hours)."""
+
+    name: Literal["fixed", "pearl", "rlboost+", "static-pd", "roll-partial"] = "pearl"
+    decision_interval_s: float = Field(default=2.0, gt=0)
+    min_dwell_s: float = Field(default=4.0, ge=0)
+    horizon_s: float = Field(default=60.0, gt=0)
+    borrow: bool = False
+    elastic: bool = False
+    tps: list[int] | None = [1]
+
+
 class TrainConfig(Frozen):
     name: str = Field(default="gridworld-tiny", min_length=1)
     model: str = "tiny"
@@ -53,6 +68,11 @@ class TrainConfig(Frozen):
     # PerfModel of this model on hardware "cpu" (see pearl.runtime.real.choose_layout); 1 worker: colocated
     layout: Literal["auto", "colocated", "1P:1D"] = "auto"
     profile: str | None = None  # a saved profile (`pearl profile`) for layout auto; else a quick calibration
+    # The controller ticked on the wall clock during the run (`pearl.control`): `pearl` re-decides
+    # the layout every `decision_interval_s` (decisions in summary.json); `fixed` keeps the first one.
+    # Borrowing and elastic devices are not available to `pearl train` yet (its local workers share
+    # one process), so they are off here.
+    policy: TrainPolicy = TrainPolicy()
     backend: Literal["local", "ray"] = "local"  # ray: each rollout worker is a Ray actor (may span machines)
     out_dir: str | None = None  # default runs/train-<name>
     metrics_file: str = "metrics.jsonl"
@@ -63,6 +83,14 @@ class TrainConfig(Frozen):
     def _check(self) -> "TrainConfig":
         if self.layout == "1P:1D" and self.rollout_workers < 2:
             raise ValueError("layout '1P:1D' needs rollout_workers >= 2")
+        p = self.policy
+        if p.name not in ("pearl", "fixed"):
+            raise ValueError(f"policy.name {p.name!r}: pearl train runs 'pearl' or 'fixed'")
+        if p.borrow or p.elastic:
+            raise ValueError("policy.borrow and policy.elastic are not supported by pearl train yet "
+                             "(set them to false)")
+        if p.tps not in (None, [1]):
+            raise ValueError(f"policy.tps {p.tps}: pearl train's CPU workers run at tensor-parallel size 1 only")
         return self
 
     @property
@@ -84,3 +112,21 @@ def check_names(cfg: TrainConfig) -> None:
     if cfg.model not in MODELS:
         raise UnknownNameError("model", cfg.model, list(MODELS))
     resolve(cfg.env.name)
+
+
+def default_config_text() -> str:
+    return (importlib.resources.files("pearl") / "data" / "train_default.yaml").read_text()
+
+
+def load_train_config(config_path: Path | None, overrides: dict[str, Any] | None = None) -> TrainConfig:
+    import yaml
+
+    if config_path is None:
+        data, what = yaml.safe_load(default_config_text()) or {}, "train config (default)"
+    else:
+        data, what = read_yaml(config_path), str(config_path)
+    if overrides:
+        data = deep_merge(data, overrides)
+    cfg = parse_train_config(data, what)
+    check_names(cfg)
+    return cfg

@@ -1,0 +1,375 @@
+"""The PEARL controller: one object that both runtimes tick, with zero I/O.
+
+`Controller.on_tick(obs)` and `Controller.on_event(event, obs)` take an `Observation` (devices,
+workers, the trainer, counters, the time as data) and return `Effects` (typed actions, decisions with
+their reasons, the next tick). The simulator (`pearl.runtime.sim_control`) and the real runtime
+(`pearl.runtime.real_control`) build the observations and carry out the actions through their own
+`Actuators`; neither is known here.
+
+One decision (`decide`): the budget (live workers + usable free devices) → predictions of the
+in-flight pipeline batch per candidate shape (`control.predictor`), corrected by what each shape was
+measured to deliver (`control.refit`) → the best shape (`control.selector`) → the smallest
+make-before-break plan (`control.planner`) → the cost-aware gate (`control.switching`) → actions.
+Borrowing (`on_event(TrainerIdle)`) asks `control.borrowing` whether lending the trainer's devices
+pays, and `TrainerNeedsDevices` hands them back. The baselines are configurations of this class
+(`pearl.control.policies`).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+from typing import Callable
+
+from pearl.config import EngineConfig, PolicyConfig
+from pearl.control.borrowing import BorrowPlanner
+from pearl.control.observation import (Decision, DeviceObs, DevicesAdded, DevicesRemoved, Effects, Event, Flip,
+                                       Lend, Notice, Observation, Reclaim, Redecide, Start, Stop, TrainerIdle,
+                                       TrainerNeedsDevices)
+from pearl.control.planner import (DeviceView, Plan, StepKind, TransitionCosts, WorkerView, plan_full_restart,
+                                   plan_transition)
+from pearl.control.predictor import BatchState, Prediction, WorkloadStats, predict_many, prepare
+from pearl.control.refit import ThroughputRefit
+from pearl.control.selector import select
+from pearl.control.switching import SwitchGate
+from pearl.errors import ResourceError
+from pearl.perf.roofline import PerfModel
+from pearl.types import DeviceStatus, LayoutShape, Mode, Pool, Role, WorkerPhase
+
+__all__ = ["ControlSetting", "Controller"]
+
+
+@dataclass(frozen=True)
+class ControlSetting:
+    """What the controller knows about the set-up (fixed for a run)."""
+
+    perf_for: Callable[[int], PerfModel]  # the worker model at a tp (raises ResourceError if it does not fit)
+    engine: EngineConfig
+    stats: WorkloadStats  # the workload's trajectory statistics
+    batch_size: int  # trajectories per training batch
+    staleness: int  # η
+    devices_per_node: int
+    num_kv_heads: int
+    train_devices: tuple[int, ...] = ()
+    elastic_median_s: float | None = None  # expected lifetime of an elastic device, if known
+
+
+def _valid(shape: LayoutShape) -> bool:
+    return shape.n_workers > 0 and (shape.n_mixed + shape.n_decode) > 0 and \
+        (shape.mode is Mode.COLOCATED or shape.n_prefill > 0)
+
+
+class Controller:
+    """PEARL (see the module docstring). Subclasses in `pearl.control.policies` switch mechanisms off."""
+
+    name = "pearl"
+    static = False  # a static policy ignores every event (see `pearl.control.policies`)
+    adapt_pd = True  # choose the PD mode, ratio and tp (else colocated at the configured tp)
+    cost_model = True  # gate switches and lends on predicted gain vs cost
+    return_migrate = True  # vacate lent devices by token-level migration with KV (else recompute)
+    periodic = True  # re-decide on every tick (not only when the budget changes)
+    absorbs_elastic = True  # decide when elastic devices arrive
+
+    def __init__(self, policy: PolicyConfig, setting: ControlSetting):
+        self.cfg, self.k, self.setting = policy, policy.controller, setting
+        k = self.k
+        self.gate = SwitchGate(policy.switch_margin, policy.min_dwell_s, k.hysteresis, k.confirm, k.clear)
+        self.scale_out_gate = SwitchGate(policy.switch_margin, policy.min_dwell_s, 0.0, k.confirm, k.clear)
+        self.borrower = BorrowPlanner(policy.return_bound_s, min_gain_s=k.lend_gain_factor * (k.wake_s + k.stop_s))
+        base = setting.perf_for(setting.engine.tp)
+        self.base_perf = base
+        self.costs = TransitionCosts(flip_s=k.flip_s, migrate_request_s=base.kv_transfer_time(k.migrate_tokens, False),
+                                     start_s=base.weight_transfer_time("peer") + k.wake_s, stop_s=k.stop_s)
+        # In async RL, (η + 1) batches are in flight: the next batch is done when that pipeline drains,
+        # so that is the batch whose completion we predict (a lone batch is set by its slowest member).
+        self.batch = BatchState.fresh((setting.staleness + 1) * setting.batch_size)
+        self.reps = prepare(setting.stats, self.batch, k.predict_reps, k.predict_events)
+        self.refit = ThroughputRefit()
+        self.last_switch: float | None = None
+        self.explored: set[LayoutShape] = set()
+        self.lent: list[int] = []
+        self._return_wait = 0.0
+        self._preds: dict[LayoutShape, Prediction] = {}
+        self._max_active = 0.0
+        self._mark: tuple | None = None  # (t, shape, tokens, changes, full, active integral) at the last tick
+        self._changes = 0  # layout changes made by this controller (a measurement spans none)
+
+    # ------------------------------------------------------------------ entry points
+    def first_tick_t(self) -> float | None:
+        return self.cfg.decision_interval_s if self.periodic else None
+
+    def on_tick(self, obs: Observation) -> Effects:
+        """A periodic tick: measure the current layout, re-decide, tick again."""
+        self._measure(obs)
+        eff = self.decide(obs, "periodic")
+        eff.next_tick_t = obs.t + self.cfg.decision_interval_s
+        return eff
+
+    def on_event(self, ev: Event, obs: Observation) -> Effects:
+        if isinstance(ev, DevicesAdded):
+            if self.cfg.elastic and self.absorbs_elastic:
+                return self.decide(obs, f"{len(ev.devices)} elastic devices arrived")
+            return Effects()
+        if isinstance(ev, Notice):  # move requests off before the devices go (token-level + KV)
+            stops = [Stop(w.id, migrate=True) for w in obs.workers_on(ev.devices)]
+            return Effects(stops, then=Redecide(f"revocation notice for {len(ev.devices)} devices at t={ev.at:.0f}"))
+        if isinstance(ev, DevicesRemoved):
+            return self.decide(obs, f"{len(ev.devices)} elastic devices gone")
+        if isinstance(ev, TrainerIdle):
+            return self._lend(obs)
+        if isinstance(ev, TrainerNeedsDevices):
+            return self._return(obs)
+        if isinstance(ev, Redecide):
+            return self.decide(obs, ev.trigger)
+        raise TypeError(f"unknown event {ev!r}")
+
+    # ------------------------------------------------------------------ the budget
+    def _usable_free(self, obs: Observation) -> list[DeviceView]:
+        return [DeviceView(d.id, d.pool, d.node, d.pool is not Pool.ROLLOUT) for d in obs.devices
+                if d.status is DeviceStatus.FREE and d.notice_at is None
+                and (d.pool is not Pool.ELASTIC or self.cfg.elastic)]
+
+    @staticmethod
+    def _workers(obs: Observation) -> list[WorkerView]:
+        pools = {d.id: d.pool for d in obs.devices}
+        return [WorkerView(w.id, w.devices, w.role, {pools[d] for d in w.devices} != {Pool.ROLLOUT}, w.load, w.kv_used)
+                for w in obs.workers if w.accepting or w.phase is WorkerPhase.LOADING]
+
+    def _tps(self) -> list[int]:
+        """Tensor-parallel sizes to consider: the configured list, or every size that fits."""
+        s = self.setting
+        if not self.adapt_pd:
+            return [s.engine.tp]
+        want = self.cfg.tps or [tp for tp in (1, 2, 4, 8) if tp <= s.devices_per_node and s.num_kv_heads % tp == 0]
+        out = []
+        for tp in want:
+            try:
+                s.perf_for(tp)
+                out.append(tp)
+            except ResourceError:
+                continue
+        return out or [s.engine.tp]
+
+    def _predict(self, shapes: list[LayoutShape]) -> list[Prediction]:
+        """Predictions are a pure function of the shape (the workload stats and the batch are fixed),
+        so each shape is predicted once per run; measurements correct them in `refit`."""
+        new = [s for s in dict.fromkeys(shapes) if s not in self._preds]
+        if new:
+            k, s = self.k, self.setting
+            got = predict_many(new, [s.perf_for(x.tp) for x in new], s.engine, s.stats, self.batch,
+                               s.devices_per_node, reps=self.reps, tol=k.predict_tol, grid_points=k.predict_grid_points)
+            self._preds.update(zip(new, got))
+        return [self._preds[s] for s in shapes]
+
+    def _measure(self, obs: Observation) -> None:
+        """Feed the refit with the tokens the current shape generated since the last tick, if the
+        shape did not change and the pipeline was full at both ends (in a batch's tail, throughput
+        says more about demand than about the layout)."""
+        t, shape, tokens, m = obs.t, obs.shape, obs.tokens_generated, self._mark
+        full = False
+        if m is not None and t > m[0]:
+            # "full": the time-averaged number of trajectories in flight is near the most this run has
+            # had (the staleness gate, not the layout, sets that level), so shapes are compared at the
+            # same demand, not in a batch's tail
+            avg = (obs.active_integral - m[5]) / (t - m[0])
+            self._max_active = max(self._max_active, avg)
+            full = avg >= self.k.full_pipeline_share * self._max_active
+        if m is not None and full and m[1] == shape and m[3] == self._changes and _valid(shape):
+            self.refit.observe(shape, tokens - m[2], t - m[0], self._predict([shape])[0].tokens_per_s)
+        self._mark = (t, shape, tokens, self._changes, full, obs.active_integral)
+
+    # ------------------------------------------------------------------ deciding
+    def decide(self, obs: Observation, why: str) -> Effects:
+        workers, free = self._workers(obs), self._usable_free(obs)
+        n_devices = sum(len(w.devices) for w in workers) + len(free)
+        tps = [tp for tp in self._tps() if n_devices >= tp]
+        if not tps:
+            return Effects()
+        cur = obs.shape
+        cur_s = self.refit.corrected(cur, self._predict([cur])[0].completion_s) if _valid(cur) else math.inf
+        ranked = self._rank(n_devices, tps, cur)
+        best_shape, best_pred = ranked[0]
+        explore = None
+        if best_shape == cur and not free:
+            explore = self._explore(obs.t, why, ranked, cur, cur_s)
+            if explore is None:
+                return self._effects(obs, why, ranked, cur, cur_s, None, "keep: the current layout is the best")
+            best_shape, best_pred = explore
+        plan_fn = plan_transition if self.cfg.incremental else plan_full_restart
+        try:
+            nodes = {d.id: d.node for d in obs.devices}
+            plan = plan_fn(workers, free, best_shape, self.costs, device_nodes=nodes)
+        except ValueError as e:
+            return self._effects(obs, why, ranked, cur, cur_s, None, f"infeasible: {e}")
+        window = self._window(obs, free)
+        ok, reason, gain, cost = self._gate(obs.t, why, explore is not None, cur, best_shape, best_pred, cur_s, plan,
+                                            window)
+        eff = self._effects(obs, why, ranked, cur, cur_s, plan if ok else None, reason, best_shape, best_pred, gain, cost)
+        if ok:
+            self.last_switch = obs.t
+            self._changes += 1
+            eff.actions += self._plan_actions(plan)
+        return eff
+
+    def _rank(self, n_devices: int, tps: list[int], cur: LayoutShape) -> list[tuple[LayoutShape, Prediction]]:
+        """Every candidate shape, best first, by the predictions as corrected by measurements."""
+        s, tp0 = self.setting, (tps[0] if len(tps) == 1 else cur.tp)
+        only = None if self.adapt_pd and n_devices >= 2 * min(tps) else [LayoutShape.colocated(n_devices // tp0, tp0)]
+        sel = select(n_devices - n_devices % min(tps), {tp: s.perf_for(tp) for tp in tps}, s.engine, s.stats,
+                     self.batch, current=cur if _valid(cur) else None, shapes=only,
+                     devices_per_node=s.devices_per_node)
+        return sorted(((s_, replace(p_, completion_s=self.refit.corrected(s_, p_.completion_s)))
+                       for s_, p_, _, _ in sel.ranked), key=lambda x: x[1].completion_s)
+
+    def _gate(self, t: float, why: str, exploring: bool, cur: LayoutShape, best: LayoutShape, best_pred: Prediction,
+              cur_s: float, plan: Plan, window: float) -> tuple[bool, str, float | None, float | None]:
+        """Whether to carry out `plan`: (ok, reason, predicted gain s, cost s)."""
+        if exploring:
+            ok = plan.makespan_s < self.k.explore_cost_share * min(window, self.cfg.horizon_s)
+            reason = (f"explore: {best} was never measured and is predicted within {self.k.explore_band:.0%} "
+                      f"of {cur}; trying it costs {plan.makespan_s:.3g} s"
+                      if ok else f"keep: exploring {best} would cost {plan.makespan_s:.3g} s")
+            if ok:
+                self.explored.add(best)
+            return ok, reason, None, plan.makespan_s
+        if not (self.cost_model and self.cfg.cost_aware):
+            return True, "switch: no cost model", None, plan.makespan_s
+        # Gain over the work the window holds (several batches), against a one-off transition.
+        horizon = min(window, self.cfg.horizon_s)
+        cand_h = horizon * best_pred.completion_s / cur_s + plan.makespan_s if math.isfinite(cur_s) else 0.0
+        if why == "periodic":  # a re-estimate: demand a streak, so noise cannot flap the layout
+            v = self.gate.decide(t, horizon, cand_h, plan.makespan_s, window, self.last_switch, candidate=best)
+        else:  # the budget itself changed (devices came or go): a fact, not noise
+            # a pure scale-out (only starts) disturbs no running worker: no hysteresis band needed
+            gate = self.scale_out_gate if plan.n_stops + plan.n_flips == 0 else self.gate
+            v = gate.evaluate(t, horizon, cand_h, plan.makespan_s, window, None)
+        return v.switch, v.reason, v.gain_s, v.cost_s
+
+    def _explore(self, t: float, why: str, ranked, cur: LayoutShape, cur_s: float):
+        """A near-tie the model cannot settle: once the current shape is measured and has served its
+        dwell, try the best never-measured shape predicted within `explore_band` of it (each at most
+        once), so a measurement rather than the model's last few percent decides."""
+        if (why != "periodic" or not self.cost_model or self.lent or not self.refit.measured(cur)
+                or (self.last_switch is not None and t - self.last_switch < 2 * self.cfg.min_dwell_s)):
+            return None
+        for shape, pred in ranked[1:4]:
+            if (shape not in self.explored and not self.refit.measured(shape)
+                    and pred.completion_s <= cur_s * (1 + self.k.explore_band)):
+                return shape, pred
+        return None
+
+    def _window(self, obs: Observation, free: list[DeviceView]) -> float:
+        """How long the budget's transient devices (lent or elastic, free or serving) should stay."""
+        by_id = {d.id: d for d in obs.devices}
+        devs: list[DeviceObs] = [by_id[d.id] for d in free] + [by_id[d] for w in obs.workers for d in w.devices]
+        w = math.inf
+        for d in devs:
+            if d.pool is Pool.TRAIN and d.lease_deadline is not None:
+                w = min(w, d.lease_deadline - obs.t)
+            elif d.pool is Pool.ELASTIC:  # expected stay ~ the median lifetime, or until the notice
+                w = min(w, (d.notice_at - obs.t) if d.notice_at is not None
+                        else (self.setting.elastic_median_s or self.k.elastic_stay_s))
+        return max(w, 0.0)
+
+    def _effects(self, obs: Observation, why: str, ranked, cur: LayoutShape, cur_s: float, plan: Plan | None,
+                 reason: str, best: LayoutShape | None = None, best_pred: Prediction | None = None,
+                 gain: float | None = None, cost: float | None = None) -> Effects:
+        d = Decision(
+            t=obs.t, trigger=why, kind="layout", switch=plan is not None, reason=reason,
+            rule=reason.split(":", 1)[0], current=str(cur), current_pred_s=cur_s,
+            candidates=tuple((str(s), round(p.completion_s, 3), p.bottleneck) for s, p in ranked[:5]),
+            chosen=str(best) if best is not None else str(cur),
+            chosen_pred_s=best_pred.completion_s if best_pred else None,
+            plan=None if plan is None else dict(starts=plan.n_starts, stops=plan.n_stops, flips=plan.n_flips,
+                                                migrated=plan.n_migrated, makespan_s=round(plan.makespan_s, 3)),
+            gain_s=gain, cost_s=cost)
+        return Effects(decisions=[d])
+
+    @staticmethod
+    def _plan_actions(plan: Plan) -> list:
+        """A plan as actions, make-before-break: starts and role flips now (or once the stops they wait
+        for are done), stops once their replacements serve."""
+        ready = [0.0] * len(plan.steps)
+        out: list = []
+        for i, s in enumerate(plan.steps):
+            begin = max((ready[j] for j in s.after), default=0.0)
+            ready[i] = begin + s.cost_s
+            if s.kind is StepKind.START:
+                out.append(Start(s.devices, s.role, s.cost_s, begin))
+            elif s.kind is StepKind.SET_ROLE:
+                out.append(Flip(s.worker, s.role, begin))
+            elif s.kind is StepKind.STOP:
+                out.append(Stop(s.worker, migrate=True, delay_s=begin))
+        return out
+
+    # ------------------------------------------------------------------ borrowing
+    def _lend(self, obs: Observation) -> Effects:
+        tr = obs.trainer
+        if not self.cfg.borrow or tr.groups_ready >= tr.groups_needed:
+            return Effects()
+        gaps = [b - a for a, b in zip(tr.batch_ready_t, tr.batch_ready_t[1:])][-3:]
+        if not gaps or not tr.batch_ready_t:
+            return Effects()
+        t, idle_until = obs.t, tr.batch_ready_t[-1] + sum(gaps) / len(gaps)
+        devs = tuple(tr.devices)
+        eff = Effects()
+        if self.cost_model:
+            gain, role = self._lend_gain(obs, len(devs))
+            ret_cost = self.costs.stop_s + self.costs.migrate_request_s * self.k.return_requests
+            v = self.borrower.should_lend(t, idle_until, len(devs), gain, self.k.wake_s, ret_cost)
+            eff.decisions.append(Decision(t=t, trigger="trainer idle", kind="borrow", switch=False, reason=v.reason,
+                                          rule=v.rule, borrow=v.lend, gain_s=v.gain_s, cost_s=self.k.wake_s + ret_cost))
+            if not v.lend:
+                return eff
+            deadline = v.deadline
+        else:
+            deadline, role = max(idle_until, t + 1.0), Role.MIXED
+        self._changes += 1
+        self.lent = list(devs)
+        tp = obs.shape.tp if obs.workers else self.setting.engine.tp
+        if len(devs) < tp:
+            tp = self.setting.engine.tp
+        eff.actions.append(Lend(devs, deadline))
+        # The lend was approved only if vacating takes less than the bound (`should_lend` refuses
+        # otherwise), so the devices may serve until the batch is really ready: the return starts
+        # then (TrainerNeedsDevices) and the trainer waits at most the bound.
+        eff.actions += [Start(devs[i:i + tp], role, self.k.wake_s) for i in range(0, len(devs) - tp + 1, tp)]
+        return eff
+
+    def _lend_gain(self, obs: Observation, n: int) -> tuple[float, Role]:
+        """The best role for `n` lent devices and its predicted fraction of batch time saved per lent
+        device per second it serves. Ties go to prefill: it holds no long-lived KV, so it is the
+        cheapest to vacate."""
+        cur = obs.shape
+        tp, add = cur.tp, n // cur.tp
+        if cur.n_workers == 0 or (cur.n_mixed + cur.n_decode) == 0:
+            return 0.0, Role.MIXED
+        if cur.n_prefill and self.adapt_pd:
+            options = {Role.PREFILL: LayoutShape.disaggregated(cur.n_prefill + add, cur.n_decode, tp),
+                       Role.DECODE: LayoutShape.disaggregated(cur.n_prefill, cur.n_decode + add, tp)}
+        else:
+            options = {Role.MIXED: LayoutShape.colocated(cur.n_workers + add, tp)}
+        preds = self._predict([cur, *options.values()])
+        base = preds[0].completion_s
+        gains = {role: (base - p.completion_s) / base for role, p in zip(options, preds[1:])}
+        role = max(gains, key=lambda r: (round(gains[r], 3), r is Role.PREFILL))
+        return max(0.0, gains[role]) / max(1, n), role
+
+    def _return(self, obs: Observation) -> Effects:
+        """Give the lent devices back: stop their workers one at a time (requests migrate token-level,
+        with KV unless the policy recomputes; each stop is priced by the load it holds then, which
+        includes requests moved onto it by the previous stops), then reclaim and re-decide.
+        `trainer_wait_s` (on the last round): how long the trainer waits for its devices."""
+        if not self.lent:
+            return Effects()
+        on_lent = obs.workers_on(self.lent)
+        if on_lent:
+            w = on_lent[0]
+            hand_off = self.base_perf.kv_transfer_time(self.k.migrate_tokens, True) if self.return_migrate else 0.0
+            self._return_wait = max(self._return_wait,
+                                    self.costs.stop_s + w.load * self.k.return_request_s + (hand_off if w.load else 0.0))
+            return Effects([Stop(w.id, migrate=self.return_migrate)], then=TrainerNeedsDevices())
+        eff = Effects([Reclaim(tuple(self.lent))], then=Redecide("borrowed devices returned"),
+                      trainer_wait_s=self._return_wait)  # the remaining layout may need a role back
+        self._changes += 1
+        self.lent, self._return_wait = [], 0.0
+        return eff

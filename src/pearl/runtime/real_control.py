@@ -1,0 +1,111 @@
+"""The real runtime's side of the controller interface: `RealControl` builds `Observation`s from the
+live `AgentLoop` (its engines, their queues and KV use) and the trainer, and implements `Actuators`
+over the local engines, so the same `Controller` the simulator drives decides on the wall clock.
+
+Devices are slots: one per rollout worker (pool rollout) and the trainer's (pool train), recorded in
+a `ClusterState` like the simulator's. What the local backend can do: start a worker (a new engine
+sharing the weights of a live one, so it serves the current version at once), stop one (its requests
+move with their KV or resume from their tokens), drain one, give one a new role. Lending and
+reclaiming the trainer's device are not available here yet (`TrainConfig` refuses `policy.borrow`).
+All calls run on the rollout thread, between engine steps: the controller ticks there
+(`WallClock.run_due`).
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from pearl.control.observation import DeviceObs, Observation, TrainerObs, WorkerObs
+from pearl.control.policies import make_controller
+from pearl.control.state import ClusterState
+from pearl.runtime.clock import WallClock
+from pearl.runtime.driver import ControlDriver
+from pearl.types import DeviceStatus, Pool, Role, WorkerPhase
+
+__all__ = ["RealControl"]
+
+
+class RealControl:
+    def __init__(self, agent: Any, policy: Any, setting: Any, make_engine: Callable[[Role, int], Any],
+                 trainer: Callable[[], TrainerObs], clock: WallClock | None = None):
+        """`agent`: the AgentLoop; `make_engine(role, wid)`: a new engine for a start; `trainer()`: the
+        trainer's state now."""
+        self.agent, self.make_engine, self.trainer = agent, make_engine, trainer
+        self.clock = clock or WallClock()
+        self.state = ClusterState(check=False)
+        n = len(agent.engines)
+        self.rollout = [self.state.add_device(0.0, Pool.ROLLOUT, node=0) for _ in range(n)]
+        self.train_device = self.state.add_device(0.0, Pool.TRAIN, node=0)
+        self.wid_of: dict[int, int] = {}  # engine index -> ClusterState worker id
+        self.engine_of: dict[int, int] = {}
+        for i, e in enumerate(agent.engines):
+            self._register(i, (self.rollout[i],), e.role)
+        self._active_integral, self._last_t = 0.0, 0.0
+        self.driver = ControlDriver(make_controller(policy, setting), self.clock, self, self.observe)
+
+    def _register(self, idx: int, devices: tuple[int, ...], role: Role) -> None:
+        t = self.clock.now
+        wid = self.state.start_worker(t, devices, Role(role), 0)
+        self.state.worker_ready(t, wid)
+        self.wid_of[idx], self.engine_of[wid] = wid, idx
+
+    # ------------------------------------------------------------------ observing
+    def observe(self, tick: bool) -> Observation:
+        t, ag = self.clock.now, self.agent
+        if tick:  # ∫ trajectories in flight dt, brought up to now
+            self._active_integral += len(ag.episodes) * (t - self._last_t)
+            self._last_t = t
+        devices = tuple(DeviceObs(d.id, d.pool, d.node, d.status, d.notice_at, d.lease_deadline)
+                        for d in self.state.devices.values())
+        workers = []
+        for idx in ag.live():
+            e, w = ag.engines[idx], self.state.workers[self.wid_of[idx]]
+            workers.append(WorkerObs(w.id, w.devices, Role(e.role), WorkerPhase.SERVING, idx not in ag.draining,
+                                     e.load(), e.kv_used()))
+        tokens = sum(e.stats.tokens_decoded for e in ag.engines)
+        return Observation(t, devices, tuple(workers), self.state.shape(), self.trainer(), tokens_generated=tokens,
+                           active_integral=self._active_integral)
+
+    # ------------------------------------------------------------------ actuators
+    def start(self, devices: tuple[int, ...], role: Role, load_s: float) -> None:
+        st = self.state.devices
+        if not all(st[d].status is DeviceStatus.FREE and st[d].notice_at is None for d in devices):
+            return
+        idx = len(self.agent.engines)
+        eng = self.make_engine(role, idx)
+        self.agent.add_engine(eng)
+        self._register(idx, devices, role)
+
+    def stop(self, worker: int, migrate: bool) -> None:
+        idx = self.engine_of.get(worker)
+        if idx is None or idx in self.agent.stopped:
+            return
+        self.agent.stop_engine(idx, migrate=migrate)
+        self.state.stop_worker(self.clock.now, worker)
+
+    def drain(self, worker: int) -> None:
+        idx = self.engine_of.get(worker)
+        if idx is not None and idx not in self.agent.stopped:
+            self.agent.draining.add(idx)
+
+    def flip(self, worker: int, role: Role) -> None:
+        idx = self.engine_of.get(worker)
+        if idx is None or idx in self.agent.stopped:
+            return
+        self.agent.set_role(idx, role)
+        self.state.set_role(self.clock.now, worker, role)
+
+    def lend(self, devices: tuple[int, ...], deadline: float) -> None:
+        raise NotImplementedError("pearl train does not lend the trainer's device yet (policy.borrow is off)")
+
+    def reclaim(self, devices: tuple[int, ...]) -> None:
+        raise NotImplementedError("pearl train does not lend the trainer's device yet (policy.borrow is off)")
+
+    def push_weights(self, version: int) -> None:
+        self.agent.apply_weights()  # the trainer offers snapshots; the newest lands between steps
+
+    # ------------------------------------------------------------------ results
+    def summary(self) -> dict[str, Any]:
+        d = self.driver.decisions
+        return {"policy": self.driver.name, "ticks": self.driver.ticks, "decisions": len(d),
+                "switches": sum(1 for x in d if x.get("switch")), "layout_final": str(self.state.shape())}

@@ -1,0 +1,155 @@
+"""How `pearl train` sizes and lays out its rollout before the run: the memory check, the engine's
+performance model on hardware "cpu" (a saved profile, a quick calibration, or the defaults), the
+workload's turn shape probed from the environment, the controller's `ControlSetting`, and the
+initial layout (`choose_layout`)."""
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+from pearl.control.controller import ControlSetting
+from pearl.control.predictor import WorkloadStats
+from pearl.errors import ResourceError
+from pearl.runtime.train_config import TrainConfig
+
+# Trainer copy: fp32 weights + grads + two AdamW moments; each engine holds one more fp32 copy.
+TRAINER_BYTES_PER_PARAM = 16
+ENGINE_BYTES_PER_PARAM = 4
+KNOWN_PARAMS = {"smollm2-135m": 134_515_008}
+
+
+def available_memory() -> int:
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return 1 << 62  # unknown: do not block the run
+
+
+def model_params(name: str) -> int:
+    if name == "tiny":
+        from pearl.real.models import model_numbers, tiny_config
+
+        return model_numbers(tiny_config()).params
+    return KNOWN_PARAMS.get(name, 0)
+
+
+def check_memory(name: str, workers: int, available: int | None = None) -> int:
+    """Bytes the run needs; ResourceError when it exceeds the available memory (before loading)."""
+    need = model_params(name) * (TRAINER_BYTES_PER_PARAM + workers * ENGINE_BYTES_PER_PARAM)
+    avail = available_memory() if available is None else available
+    if need > avail:
+        raise ResourceError(f"model {name!r} needs about {need / 2**30:.1f} GiB for training plus {workers} "
+                            f"engine copies, but only {avail / 2**30:.1f} GiB of memory is available")
+    return need
+
+
+def _perf_model(cfg: TrainConfig, loaded: Any) -> tuple[Any, str]:
+    """PerfModel of the engine on hardware "cpu": a saved profile, else a quick calibration (a reduced
+    sweep, a few seconds at most), else the default coefficients. Returns (model, where from)."""
+    from pearl.perf.hardware import get_hardware
+    from pearl.perf.profile import load_profile
+    from pearl.perf.roofline import PerfModel
+    from pearl.real.profiling import fit_profile, measure_steps, model_shape
+
+    shape = model_shape(loaded.config, cfg.model)
+    if cfg.profile:
+        prof = load_profile(cfg.profile)  # missing or bad file -> one-line ConfigError
+        return prof.perf_model(shape), f"profile {cfg.profile}"
+    t0 = time.perf_counter()
+    try:
+        from pearl.real.engine import TorchEngine
+
+        eng = TorchEngine(loaded, num_threads=1, seed=cfg.seed)
+        big = model_params(cfg.model) > 50_000_000
+        samples = measure_steps(eng, decode_batches=(1, 4) if big else (1, 4, 16),
+                                contexts=(16, 64) if big else (32, 128), prefill_chunks=(16, 64),
+                                decode_steps=2 if big else 3, repeats=1 if big else 2, warmup=not big)
+        prof, _ = fit_profile(samples, shape, "cpu", max_rel_error=0.5)
+        return prof.perf_model(shape), f"calibrated on {len(samples)} step shapes in {time.perf_counter() - t0:.1f} s"
+    except Exception as err:  # a refused fit (or anything else) must not stop the run: use the defaults
+        return PerfModel(shape, get_hardware("cpu")), f"default coefficients (calibration failed: {err})"
+
+
+def probe_workload(cfg: TrainConfig, loaded: Any, probe: Any, max_new_tokens: int) -> tuple[WorkloadStats, dict]:
+    """The environment's typical trajectory (prompt, turns, observation and response lengths, one
+    step's latency) as workload statistics for the controller, and the same numbers as a dict."""
+    from pearl.workloads import TrajectorySpec
+
+    tok = loaded.tokenizer
+    obs = probe.reset(cfg.seed)
+    msgs = []
+    system = getattr(probe, "system_prompt", "")
+    if cfg.env.use_system_prompt and system:
+        msgs.append({"role": "system", "content": system})
+    msgs.append({"role": "user", "content": obs})
+    prompt = len(tok.chat(msgs))
+    observation = len(tok.chat([{"role": "user", "content": obs}]))  # a later turn's observation, as a turn
+    t0 = time.perf_counter()
+    try:  # one env step: the environment's latency per turn
+        acts = probe.allowed_actions
+        probe.step(acts[0] if acts else "")
+    except Exception:
+        pass
+    env_s = time.perf_counter() - t0
+    turns = max(1, int(getattr(probe, "max_turns", 8) or 8))
+    spec = TrajectorySpec(0, 0, prompt, (max_new_tokens,) * turns, (observation,) * (turns - 1), (env_s,) * turns)
+    info = {"prompt_tokens": prompt, "response_tokens": max_new_tokens, "observation_tokens": observation,
+            "turns": turns, "env_latency_s": round(env_s, 6), "batch": cfg.batch_size * (cfg.staleness + 1)}
+    return WorkloadStats.from_samples([spec]), info
+
+
+def control_setting(cfg: TrainConfig, loaded: Any, stats: WorkloadStats) -> tuple[ControlSetting, str]:
+    """The controller's view of this run's set-up: one "device" per rollout worker (tp 1), the engine's
+    performance model (calibrated when there is a layout to choose), the probed workload. Returns it
+    with where the performance model came from."""
+    from pearl.config import EngineConfig
+    from pearl.perf.hardware import get_hardware
+    from pearl.perf.roofline import PerfModel
+    from pearl.real.profiling import model_shape
+
+    if cfg.rollout_workers >= 2 or cfg.profile:
+        pm, source = _perf_model(cfg, loaded)
+    else:
+        pm, source = PerfModel(model_shape(loaded.config, cfg.model), get_hardware("cpu")), \
+            "default coefficients (1 rollout worker: a single possible layout)"
+
+    def perf_for(tp: int) -> PerfModel:
+        if tp != 1:
+            raise ResourceError(f"pearl train runs tensor-parallel size 1 only (asked for {tp})")
+        return pm
+
+    engine = EngineConfig(tp=1, max_num_seqs=cfg.engine.max_num_seqs, max_batched_tokens=cfg.engine.max_batched_tokens)
+    setting = ControlSetting(perf_for=perf_for, engine=engine, stats=stats, batch_size=cfg.batch_size,
+                             staleness=cfg.staleness, devices_per_node=cfg.rollout_workers,
+                             num_kv_heads=pm.model.num_kv_heads)
+    return setting, source
+
+
+def choose_layout(cfg: TrainConfig, setting: ControlSetting, workload: dict, source: str) -> dict[str, Any]:
+    """The initial rollout layout: `cfg.layout` unless it is "auto"; then, with N >= 2 workers, the
+    selector's pick between colocated and 1P:(N-1)D on the controller's own setting (the controller
+    may move on from there during the run). Returns the decision: requested, chosen, reason, ranked
+    (top 3, predicted seconds), the perf model's source and the probed workload."""
+    from pearl.control.predictor import BatchState
+    from pearl.control.selector import select
+    from pearl.types import LayoutShape, Mode
+
+    n = cfg.rollout_workers
+    if cfg.layout != "auto":
+        return {"requested": cfg.layout, "chosen": cfg.layout, "reason": f"layout {cfg.layout!r} set in the config",
+                "ranked": []}
+    if n < 2:
+        return {"requested": "auto", "chosen": "colocated",
+                "reason": "1 rollout worker: colocated is the only layout (P:D needs rollout_workers >= 2)",
+                "ranked": []}
+    batch = BatchState.fresh(cfg.batch_size * (cfg.staleness + 1))
+    shapes = [LayoutShape.colocated(n, 1), LayoutShape.disaggregated(1, n - 1, 1)]
+    sel = select(n, setting.perf_for, setting.engine, setting.stats, batch, shapes=shapes)
+    chosen = "colocated" if sel.best.mode is Mode.COLOCATED else "1P:1D"
+    preds = ", ".join(f"{shp} {pred.completion_s * 1e3:.0f} ms" for shp, pred, _, _ in sel.ranked)
+    reason = f"{sel.reason} [per window of {batch.size} trajectories: {preds}]"
+    return {"requested": "auto", "chosen": chosen, "shape": str(sel.best), "reason": reason,
+            "ranked": [{"layout": str(shp), "predicted_s": round(pred.completion_s, 4), "score_s": round(score, 4),
+                        "bottleneck": pred.bottleneck} for shp, pred, _, score in sel.ranked[:3]],
+            "perf_model": source, "workload": workload}

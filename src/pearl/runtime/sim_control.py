@@ -1,0 +1,131 @@
+"""The simulator's side of the controller interface: `SimControl` builds `Observation`s from the
+simulator's state and implements `Actuators` over its engines and `ClusterState`; the elastic trace's
+arrivals, notices and removals become controller events. The controller itself is the same object
+the real runtime ticks (`pearl.control.policies.make_controller`)."""
+from __future__ import annotations
+
+from typing import Any
+
+from pearl.control.controller import ControlSetting
+from pearl.control.observation import (DeviceObs, DevicesAdded, DevicesRemoved, Notice, Observation, TrainerObs,
+                                       WorkerObs)
+from pearl.control.policies import make_controller
+from pearl.control.predictor import WorkloadStats
+from pearl.runtime.driver import ControlDriver
+from pearl.types import DeviceStatus, Mode, Pool, Role
+
+__all__ = ["SimControl"]
+
+
+class SimControl:
+    """Actuators + observations for one `Simulator`; owns its `ControlDriver`."""
+
+    def __init__(self, sim: Any):  # a pearl.runtime.sim.Simulator (not imported: it imports this module)
+        self.sim = sim
+        self.driver: ControlDriver | None = None
+
+    # ------------------------------------------------------------------ set-up
+    def setup(self) -> ControlDriver:
+        """Build the initial layout (ready at t=0: weights already loaded), then the controller, and
+        schedule its first tick."""
+        sim = self.sim
+        lay, tp = sim.cfg.layout, sim.cfg.engine.tp
+        devs = sim.rollout_devices
+        groups = [tuple(devs[i:i + tp]) for i in range(0, len(devs) - tp + 1, tp)]
+        roles = ([Role.PREFILL] * lay.prefill + [Role.DECODE] * lay.decode
+                 if lay.mode is Mode.DISAGGREGATED else [Role.MIXED] * len(groups))
+        for g, role in zip(groups, roles):
+            sim.start_worker(g, role, load_s=0.0)
+        policy = sim.cfg.policy
+        setting = None
+        if policy.name not in ("fixed", "static-pd"):
+            el = sim.cfg.cluster.elastic.lifetime_s
+            setting = ControlSetting(
+                perf_for=sim.perf_for, engine=sim.cfg.engine, stats=WorkloadStats.from_workload(sim.workload),
+                batch_size=sim.batch_trajs, staleness=sim.cfg.rl.staleness,
+                devices_per_node=sim.cfg.cluster.devices_per_node, num_kv_heads=sim.model.num_kv_heads,
+                train_devices=tuple(sim.train_devices), elastic_median_s=el.median or el.value)
+        self.driver = ControlDriver(make_controller(policy, setting), sim.clock, self, self.observe)
+        self.driver.start()
+        return self.driver
+
+    # ------------------------------------------------------------------ observing
+    def observe(self, tick: bool) -> Observation:
+        sim = self.sim
+        if tick:
+            sim._count_active(0)  # bring the integral of active trajectories up to now
+        st = sim.state
+        devices = tuple(DeviceObs(d.id, d.pool, d.node, d.status, d.notice_at, d.lease_deadline)
+                        for d in st.devices.values())
+        workers = tuple(WorkerObs(e.wid, e.devices, e.role, st.workers[e.wid].phase, e.accepting, e.load(),
+                                  e.kv_used()) for e in sim.engines.values())
+        trainer = TrainerObs(sim.trainer_busy, len(sim.ready), sim.cfg.rl.prompts_per_batch,
+                             tuple(sim.batch_ready_t[-4:]), tuple(sim.train_devices))
+        return Observation(sim.clock.now, devices, workers, st.shape(), trainer,
+                           tokens_generated=sum(e.tokens_decoded for e in sim.all_engines),
+                           active_integral=sim.active_integral)
+
+    # ------------------------------------------------------------------ actuators
+    def start(self, devices: tuple[int, ...], role: Role, load_s: float) -> None:
+        st = self.sim.state.devices
+        if all(st[d].status is DeviceStatus.FREE and st[d].notice_at is None for d in devices):
+            self.sim.start_worker(devices, role, load_s=load_s)
+
+    def stop(self, worker: int, migrate: bool) -> None:
+        eng = self.sim.engines.get(worker)
+        if eng is not None:
+            self.sim.stop_worker(eng, migrate=migrate)
+
+    def drain(self, worker: int) -> None:
+        eng = self.sim.engines.get(worker)
+        if eng is not None:
+            self.sim.set_accepting(eng, False)
+
+    def flip(self, worker: int, role: Role) -> None:
+        eng = self.sim.engines.get(worker)
+        if eng is not None:
+            self.sim.set_role(eng, role)
+
+    def lend(self, devices: tuple[int, ...], deadline: float) -> None:
+        for d in devices:
+            self.sim.state.lend(self.sim.clock.now, d, deadline)
+
+    def reclaim(self, devices: tuple[int, ...]) -> None:
+        for d in devices:
+            self.sim.state.reclaim(self.sim.clock.now, d)
+
+    def push_weights(self, version: int) -> None:
+        self.sim.push_weights(version)
+
+    # ------------------------------------------------------------------ elastic devices
+    def elastic_add(self, b) -> None:
+        sim = self.sim
+        t, node = sim.clock.now, sim.next_node
+        sim.next_node += 1
+        devs = [sim.state.add_device(t, Pool.ELASTIC, node=node) for _ in range(b.count)]
+        for d in devs:
+            sim.device_time[d] = [t, None]
+        if b.notice_s is not None:
+            sim.clock.at(max(t, b.t_remove - b.notice_s), self.elastic_notice, devs, b.t_remove)
+        sim.clock.at(b.t_remove, self.elastic_remove, devs, b.notice_s is None)
+        self.driver.event(DevicesAdded(tuple(devs)))
+
+    def elastic_notice(self, devs: list[int], at: float) -> None:
+        sim = self.sim
+        for d in devs:
+            if sim.state.devices[d].status is not DeviceStatus.GONE:
+                sim.state.notice(sim.clock.now, d, at)
+        self.driver.event(Notice(tuple(devs), at))
+
+    def elastic_remove(self, devs: list[int], abrupt: bool) -> None:
+        sim = self.sim
+        t = sim.clock.now
+        for d in devs:
+            wid = sim.state.devices[d].worker
+            eng = sim.engines.get(wid) if wid is not None else None
+            if eng is not None:  # abrupt loss: the KV is gone, requests resume from their tokens
+                sim.stop_worker(eng, migrate=False)
+        for d in devs:
+            sim.state.remove_device(t, d, abrupt)
+            sim.device_time[d][1] = t
+        self.driver.event(DevicesRemoved(tuple(devs)))
