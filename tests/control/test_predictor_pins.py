@@ -37,7 +37,8 @@ def test_cross_node_kv_handoff_slows_a_disaggregated_shape_by_the_transfer_time(
     same, cross = completion(shape, devices_per_node=8), completion(shape, devices_per_node=1)
     # Per hand-off the setup is paid either way; what changes is the bandwidth (NVLink vs the network).
     # Every trajectory is identical, so each finishes later by the same amount and so does the batch.
-    extra = Q8.kv_transfer_time(HANDOFF_TOKENS, same_node=False) - Q8.kv_transfer_time(HANDOFF_TOKENS, same_node=True)
+    extra = (Q8.kv_transfer_time(HANDOFF_TOKENS, same_node=False)
+             - Q8.kv_transfer_time(HANDOFF_TOKENS, same_node=True))
     # 6000 + 3·1001 + 3·2000 = 15 003 tokens × 147 456 B = 2.212 GB: 88.5 ms at 25 GB/s, 5.5 ms at 400 GB/s
     assert extra == pytest.approx(15_003 * 147_456 * (1 / 25e9 - 1 / 400e9), rel=1e-9)
     assert cross > same
