@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pearl.control.planner import (DeviceView, InfeasiblePlan, PlanStep, StepKind, TransitionCosts,
-                                   WorkerView, apply_plan, plan_full_restart, plan_transition)
+from pearl.control.planner import (DeviceView, InfeasiblePlan, Plan, PlanStep, StepKind, TransitionCosts,
+                                   WorkerView, plan_full_restart, plan_transition)
 from pearl.types import LayoutShape, Pool, Role
 
 M, P, D = Role.MIXED, Role.PREFILL, Role.DECODE
@@ -27,6 +27,20 @@ def wv(i, role, n=0, transient=False, devices=None):
 
 def dv(i, transient=False, node=0):
     return DeviceView(i, Pool.ELASTIC if transient else Pool.ROLLOUT, node, transient)
+
+
+def apply_plan(workers, plan: Plan) -> list[tuple[int | None, tuple[int, ...], Role]]:
+    """The layout after `plan` runs: (worker id, or None for a new one; devices; role) per worker."""
+    live = {w.id: (w.devices, w.role) for w in workers}
+    new: list[tuple[int | None, tuple[int, ...], Role]] = []
+    for s in plan.steps:
+        if s.kind is StepKind.SET_ROLE:
+            live[s.worker] = (live[s.worker][0], s.role)
+        elif s.kind is StepKind.STOP:
+            del live[s.worker]
+        elif s.kind is StepKind.START:
+            new.append((None, s.devices, s.role))
+    return [(i, d, r) for i, (d, r) in sorted(live.items())] + new
 
 
 # ------------------------------------------------------------------ brute force
@@ -82,20 +96,38 @@ def closure(steps: tuple[PlanStep, ...], i: int) -> set[int]:
 
 
 def check_plan(workers, free, target, plan):
+    """Lands on the target, reuses no device, and orders make-before-break. A start may only use free
+    devices or ones released by a stopped worker (a tp change), and then waits for those stops.
+    Providers of a function are starts on free devices (they wait for nothing) and flips that only
+    gain one (prefill/decode → mixed, which drain nothing and also wait for nothing); every stop and
+    every lossy flip waits, directly or through others, for each provider of a function it loses."""
     free_ids = {d.id for d in free}
-    # lands exactly on the target, no device twice, new workers only on free devices
+    by_worker = {w.id: w for w in workers}
+    owner = {d: w.id for w in workers for d in w.devices}
+    stop_at = {s.worker: i for i, s in enumerate(plan.steps) if s.kind is StepKind.STOP}
+    released = {d for wid in stop_at for d in by_worker[wid].devices}
+    # lands exactly on the target, no device twice, new workers only on free or released devices
     layout = apply_plan(workers, plan)
     assert sorted(r.value for _, _, r in layout) == sorted(r.value for r in target.roles())
     used = [d for _, devs, _ in layout for d in devs]
     assert len(used) == len(set(used))
-    assert all(set(devs) <= free_ids for wid, devs, _ in layout if wid is None)
+    assert all(set(devs) <= free_ids | released for wid, devs, _ in layout if wid is None)
     starts = [i for i, s in enumerate(plan.steps) if s.kind is StepKind.START]
-    assert plan.n_starts == len(starts) <= len(free)
-    by_worker = {w.id: w for w in workers}
+    assert plan.n_starts == len(starts) and len(starts) * target.tp <= len(free) + len(released)
+    assert plan.n_stops == len(stop_at)
+    # what each provider adds
+    provides: dict[int, set[str]] = {}
+    for i, s in enumerate(plan.steps):
+        if s.kind is StepKind.START and set(s.devices) <= free_ids:
+            provides[i] = CAN[s.role]
+        elif s.kind is StepKind.SET_ROLE and CAN[by_worker[s.worker].role] < CAN[s.role]:
+            provides[i] = CAN[s.role] - CAN[by_worker[s.worker].role]
     for i, s in enumerate(plan.steps):
         assert all(j < i for j in s.after)  # steps only wait for earlier steps
         if s.kind is StepKind.START:
-            assert not s.after and set(s.devices) <= free_ids
+            assert len(s.devices) == target.tp
+            # break-before-make only where a device is reused: after its old worker's stop
+            assert set(s.after) == {stop_at[owner[d]] for d in s.devices if d not in free_ids}
             continue
         w = by_worker[s.worker]
         if s.kind is StepKind.MIGRATE:
@@ -103,11 +135,16 @@ def check_plan(workers, free, target, plan):
             (k,) = [k for k, t in enumerate(plan.steps) if i in t.after and t.worker == w.id]
             assert plan.steps[k].kind in (StepKind.STOP, StepKind.SET_ROLE)
             continue
+        if i in provides:  # a flip that only gains drains nothing: it waits for nothing
+            assert s.kind is StepKind.SET_ROLE and not s.after
+            continue
         lost = CAN[w.role] - (CAN[s.role] if s.kind is StepKind.SET_ROLE else set())
-        # make-before-break: every start providing what this worker loses comes first
-        for j in starts:
-            if CAN[plan.steps[j].role] & lost:
-                assert j in closure(plan.steps, i), (s, plan.steps[j])
+        assert lost
+        # make-before-break: every start or flip providing what this worker loses comes first
+        before = closure(plan.steps, i)
+        for j, adds in provides.items():
+            if adds & lost:
+                assert j in before, (s, plan.steps[j])
         new_role = s.role if s.kind is StepKind.SET_ROLE else None
         migrates = w.n_active > 0 and (new_role is None or (w.role, new_role) in MIGRATES)
         assert migrates == any(plan.steps[j].kind is StepKind.MIGRATE and plan.steps[j].worker == w.id
@@ -189,6 +226,39 @@ def test_stop_migrates_then_stops_after_replacement():
     assert kinds == [StepKind.MIGRATE, StepKind.SET_ROLE] and plan.n_migrated == 2
 
 
+def test_stop_waits_for_its_replacement_start():
+    # A tp-1 mixed worker cannot serve a tp-2 target: a tp-2 mixed worker starts on two free devices
+    # and the old one stops (its request migrating) only once the new one is up: make before break.
+    free = [dv(10), dv(11)]
+    plan = plan_transition([wv(0, M, 1)], free, LayoutShape.colocated(1, tp=2),
+                           device_nodes={0: 0, 10: 0, 11: 0})
+    assert [s.kind for s in plan.steps] == [StepKind.START, StepKind.MIGRATE, StepKind.STOP]
+    start, migrate, stop = plan.steps
+    assert start.devices == (10, 11) and start.role is M and start.after == ()
+    assert migrate.after == (0,) and stop.after == (0, 1)
+    assert plan.makespan_s == pytest.approx(C.start_s + C.migrate_request_s + C.stop_s)
+    check_plan([wv(0, M, 1)], free, LayoutShape.colocated(1, tp=2), plan)
+
+
+def test_stop_waits_for_the_flip_that_takes_over_its_role():
+    # 1P:1D -> one mixed worker: the busier decode worker flips to mixed (keeping its requests) and
+    # the idle prefill worker stops, but only after the flip gives the cluster prefill again.
+    workers = [wv(0, P, 0), wv(1, D, 4)]
+    plan = plan_transition(workers, [], LayoutShape.colocated(1))
+    assert [(s.kind, s.worker) for s in plan.steps] == [(StepKind.SET_ROLE, 1), (StepKind.STOP, 0)]
+    assert plan.steps[0].role is M and plan.steps[0].after == ()
+    assert plan.steps[1].after == (0,)
+    assert plan.makespan_s == pytest.approx(C.flip_s + C.stop_s)
+    check_plan(workers, [], LayoutShape.colocated(1), plan)
+    # and a stop that migrates waits for both its migration and the flip
+    workers = [wv(0, P, 2), wv(1, D, 4)]
+    plan = plan_transition(workers, [], LayoutShape.colocated(1))
+    kinds = [(s.kind, s.worker) for s in plan.steps]
+    assert kinds == [(StepKind.SET_ROLE, 1), (StepKind.MIGRATE, 0), (StepKind.STOP, 0)], kinds
+    assert plan.steps[1].after == (0,) and plan.steps[2].after == (0, 1)
+    check_plan(workers, [], LayoutShape.colocated(1), plan)
+
+
 def test_tp_change_stops_then_starts_on_released_devices():
     workers = [wv(0, M, 1), wv(1, M, 0)]
     nodes = {0: 0, 1: 0}
@@ -198,6 +268,7 @@ def test_tp_change_stops_then_starts_on_released_devices():
     assert start.kind is StepKind.START and start.devices == (0, 1)
     stops = {i for i, s in enumerate(plan.steps) if s.kind is StepKind.STOP}
     assert set(start.after) == stops
+    check_plan(workers, [], LayoutShape.colocated(1, tp=2), plan)
     # without node information the two devices cannot be grouped
     with pytest.raises(InfeasiblePlan, match="only 0 can be placed"):
         plan_transition(workers, [], LayoutShape.colocated(1, tp=2))
@@ -289,6 +360,11 @@ def test_tp_changes_are_well_formed(case):
             plan = planner(workers, free, target, device_nodes=nodes)
         except InfeasiblePlan:
             continue
+        if planner is plan_transition:
+            # landing, devices and make-before-break (stops and lossy flips after their replacements)
+            check_plan(workers, free, target, plan)
+            # never more changes than the restart
+            assert plan.n_changes <= plan_full_restart(workers, free, target, device_nodes=nodes).n_changes
         layout = apply_plan(workers, plan)
         assert sorted(r.value for _, _, r in layout) == sorted(r.value for r in target.roles())
         used = [d for _, devs, _ in layout for d in devs]
@@ -301,5 +377,3 @@ def test_tp_changes_are_well_formed(case):
                 assert len(s.devices) == target.tp and len({nodes[d] for d in s.devices}) == 1
                 # break-before-make only where a device is reused: after its old worker's stop
                 assert {stopped[owner[d]] for d in s.devices if d in owner} <= set(s.after)
-        if planner is plan_transition:  # never more changes than the restart
-            assert plan.n_changes <= plan_full_restart(workers, free, target, device_nodes=nodes).n_changes

@@ -29,7 +29,7 @@ from pearl.errors import ResourceError
 from pearl.types import LayoutShape, Pool, Role
 
 __all__ = ["DeviceView", "InfeasiblePlan", "Plan", "PlanStep", "StepKind", "TransitionCosts",
-           "WorkerView", "apply_plan", "plan_full_restart", "plan_transition"]
+           "WorkerView", "plan_full_restart", "plan_transition"]
 
 
 @dataclass(frozen=True)
@@ -64,8 +64,6 @@ class StepKind(str, Enum):
     STOP = "stop"
     SET_ROLE = "set_role"
     MIGRATE = "migrate"
-    LOAD_WEIGHTS = "load_weights"
-    RETURN = "return"
 
 
 @dataclass(frozen=True)
@@ -337,16 +335,3 @@ def plan_full_restart(workers: Sequence[WorkerView], free: Sequence[DeviceView],
               [stop_at[o] for o in s.owners])
     return b.build()
 
-
-def apply_plan(workers: Sequence[WorkerView], plan: Plan) -> list[tuple[int | None, tuple[int, ...], Role]]:
-    """The layout after `plan` runs: (worker id, or None for a new one; devices; role) per worker."""
-    live = {w.id: (w.devices, w.role) for w in workers}
-    new: list[tuple[int | None, tuple[int, ...], Role]] = []
-    for s in plan.steps:
-        if s.kind is StepKind.SET_ROLE:
-            live[s.worker] = (live[s.worker][0], s.role)
-        elif s.kind is StepKind.STOP:
-            del live[s.worker]
-        elif s.kind is StepKind.START:
-            new.append((None, s.devices, s.role))
-    return [(i, d, r) for i, (d, r) in sorted(live.items())] + new
