@@ -31,6 +31,16 @@ def raises(rule: str, fn, *args):
     return ei.value
 
 
+def free(s: ClusterState, pools=None) -> list[int]:
+    """FREE devices (usable for a new worker), optionally only from `pools`, by id."""
+    return [d.id for d in s.devices.values() if d.status is DeviceStatus.FREE and (pools is None or d.pool in pools)]
+
+
+def live(s: ClusterState) -> list:
+    """Workers holding devices (every phase but STOPPED), by id."""
+    return [w for w in s.workers.values() if w.phase is not WorkerPhase.STOPPED]
+
+
 def snapshot(s: ClusterState):
     return copy.deepcopy((s.devices, s.workers, s.events, s._next_dev, s._next_worker, s._now))
 
@@ -42,7 +52,7 @@ def test_add_device_defaults_ids_and_events():
     assert [s.devices[d].status for d in range(6)] == [DeviceStatus.TRAINING] * 2 + [DeviceStatus.FREE] * 4
     assert s.devices_of(T) == [0, 1] and s.devices_of(R) == [2, 3] and s.devices_of(E) == [4, 5]
     assert [e.kind for e in s.events] == ["device_added"] * 6
-    assert s.budget() == 4 and s.free_devices() == [2, 3, 4, 5] and s.free_devices({E}) == [4, 5]
+    assert s.budget() == 4 and free(s) == [2, 3, 4, 5] and free(s, {E}) == [4, 5]
     assert s.add_device(1.0, R, status=DeviceStatus.FREE) == 6
 
 
@@ -58,7 +68,7 @@ def test_lend_and_reclaim():
     s.lend(1.0, 0, 10.0)
     d = s.devices[0]
     assert (d.status, d.lease_deadline) == (DeviceStatus.FREE, 10.0)
-    assert s.lent_devices() == [0] and s.budget() == 5 and 0 in s.free_devices({T})
+    assert s.lent_devices() == [0] and s.budget() == 5 and free(s, {T}) == [0]
     s.reclaim(12.5, 0)
     assert (d.status, d.lease_deadline) == (DeviceStatus.TRAINING, None) and s.lent_devices() == []
     assert s.events[-1].kind == "reclaimed" and s.events[-1].data["late"] == 2.5
@@ -142,21 +152,18 @@ def test_worker_lifecycle():
     assert (wk.phase, wk.role, wk.weight_version, wk.started_at, wk.devices) == (
         WorkerPhase.LOADING, Role.MIXED, 7, 1.0, (2, 3))
     assert all(s.devices[d].status is DeviceStatus.SERVING and s.devices[d].worker == w for d in (2, 3))
-    assert s.serving_workers() == [] and s.live_workers() == [wk]
+    assert s.serving_workers() == [] and live(s) == [wk] and free(s) == [4, 5]
     s.worker_ready(2.0, w)
     assert s.serving_workers() == [wk] and s.serving_workers(Role.PREFILL) == []
     s.set_version(3.0, w, 8)
     s.set_version(3.0, w, 8)  # idempotent push is fine
-    s.drain(4.0, w)
-    assert wk.phase is WorkerPhase.DRAINING and s.serving_workers() == []
-    s.set_role(4.5, w, Role.DECODE)  # role flip with resident weights: drain, set_role, ready
-    s.worker_ready(5.0, w)
+    s.set_role(4.5, w, Role.DECODE)  # role flip with resident weights: the phase is unchanged
     assert (wk.phase, wk.role, wk.weight_version) == (WorkerPhase.SERVING, Role.DECODE, 8)
+    assert s.serving_workers(Role.DECODE) == [wk] and s.serving_workers(Role.MIXED) == []
     s.stop_worker(6.0, w)
-    assert wk.phase is WorkerPhase.STOPPED and wk.devices == () and s.free_devices() == [2, 3, 4, 5]
+    assert wk.phase is WorkerPhase.STOPPED and wk.devices == () and free(s) == [2, 3, 4, 5] and live(s) == []
     kinds = [e.kind for e in s.events[6:]]
-    assert kinds == ["worker_started", "worker_ready", "version_set", "version_set", "worker_draining",
-                     "role_set", "worker_ready", "worker_stopped"]
+    assert kinds == ["worker_started", "worker_ready", "version_set", "version_set", "role_set", "worker_stopped"]
     assert s.start_worker(7.0, (2,), Role.PREFILL, 8) == w + 1  # ids never reused
 
 
@@ -177,12 +184,11 @@ def test_start_worker_illegal():
 def test_worker_transitions_illegal():
     s = make()
     w = s.start_worker(1.0, (2,), Role.MIXED, 1)
-    raises("drain-serving-only", s.drain, 1.0, w)  # still loading
     s.worker_ready(1.0, w)
     raises("ready-from-loading", s.worker_ready, 1.0, w)
     raises("version-monotonic", s.set_version, 1.0, w, 0)
     s.stop_worker(2.0, w)
-    for fn, args in ((s.worker_ready, ()), (s.drain, ()), (s.stop_worker, ()), (s.set_role, (Role.DECODE,)),
+    for fn, args in ((s.worker_ready, ()), (s.stop_worker, ()), (s.set_role, (Role.DECODE,)),
                      (s.set_version, (5,))):
         with pytest.raises(StateError, match=f"worker {w}"):
             fn(3.0, w, *args)
@@ -215,7 +221,7 @@ def test_shape():
     s.stop_worker(1.0, b)
     assert s.shape() == LayoutShape(Mode.DISAGGREGATED, n_prefill=1, n_decode=1, tp=2)  # tie -> larger tp
     s.worker_ready(1.0, c)
-    s.drain(1.0, c)  # draining workers are leaving the layout
+    s.stop_worker(1.0, c)  # stopped workers leave the layout
     assert s.shape() == LayoutShape.disaggregated(1, 0)
 
 
@@ -267,7 +273,7 @@ def test_check_false_skips_invariants_but_keeps_preconditions():
     s.check = False
     CORRUPTIONS["lease-train-only"](s, w)
     s.add_device(2.0, R)  # a full check would fail here
-    raises("drain-serving-only", s.drain, 2.0, w)
+    raises("lend-training-only", s.lend, 2.0, 2, 9.0)
     s.check = True
     raises("lease-train-only", s.add_device, 2.0, R)
 
@@ -335,11 +341,11 @@ class ClusterMachine(RuleBasedStateMachine):
 
     @rule(data=st.data(), role=st.sampled_from(list(Role)), version=st.integers(0, 3))
     def start_worker(self, data, role, version):
-        free = self.s.free_devices()
-        if not free:
+        devs = free(self.s)
+        if not devs:
             return
-        node = self.s.devices[data.draw(st.sampled_from(free))].node
-        on_node = [d for d in free if self.s.devices[d].node == node]
+        node = self.s.devices[data.draw(st.sampled_from(devs))].node
+        on_node = [d for d in devs if self.s.devices[d].node == node]
         devs = data.draw(st.lists(st.sampled_from(on_node), min_size=1, max_size=3, unique=True))
         wid = self.s.start_worker(self.t, tuple(devs), role, version)
         assert self.s.workers[wid].phase is WorkerPhase.LOADING
@@ -347,19 +353,17 @@ class ClusterMachine(RuleBasedStateMachine):
 
     @rule(data=st.data())
     def worker_op(self, data):
-        live = self._wks(WorkerPhase.LOADING, WorkerPhase.SERVING, WorkerPhase.DRAINING)
-        if not live:
+        wids = self._wks(WorkerPhase.LOADING, WorkerPhase.SERVING)
+        if not wids:
             return
-        w = self.s.workers[data.draw(st.sampled_from(live))]
-        op = data.draw(st.sampled_from(["ready", "role", "version", "drain", "stop"]))
-        if op == "ready" and w.phase is not WorkerPhase.SERVING:
+        w = self.s.workers[data.draw(st.sampled_from(wids))]
+        op = data.draw(st.sampled_from(["ready", "role", "version", "stop"]))
+        if op == "ready" and w.phase is WorkerPhase.LOADING:
             self.s.worker_ready(self.t, w.id)
         elif op == "role":
             self.s.set_role(self.t, w.id, data.draw(st.sampled_from(list(Role))))
         elif op == "version":
             self.s.set_version(self.t, w.id, w.weight_version + data.draw(st.integers(0, 2)))
-        elif op == "drain" and w.phase is WorkerPhase.SERVING:
-            self.s.drain(self.t, w.id)
         elif op == "stop":
             self.s.stop_worker(self.t, w.id)
         else:
@@ -382,11 +386,10 @@ class ClusterMachine(RuleBasedStateMachine):
             lambda d: d.status is not DeviceStatus.TRAINING)]
         out += [lambda d=d: s.start_worker(t, (d,), Role.MIXED, 0) for d in self._devs(
             lambda d: d.status is not DeviceStatus.FREE)]
-        free = s.free_devices()
-        out += [lambda a=a, b=b: s.start_worker(t, (a, b), Role.DECODE, 0) for a in free for b in free
+        fr = free(s)
+        out += [lambda a=a, b=b: s.start_worker(t, (a, b), Role.DECODE, 0) for a in fr for b in fr
                 if dv[a].node != dv[b].node]
         out += [lambda w=w: s.worker_ready(t, w) for w in self._wks(WorkerPhase.SERVING, WorkerPhase.STOPPED)]
-        out += [lambda w=w: s.drain(t, w) for w in wk if wk[w].phase is not WorkerPhase.SERVING]
         out += [lambda w=w: s.set_role(t, w, Role.PREFILL) for w in self._wks(WorkerPhase.STOPPED)]
         out += [lambda w=w: s.stop_worker(t, w) for w in self._wks(WorkerPhase.STOPPED)]
         out += [lambda w=w: s.set_version(t, w, wk[w].weight_version - 1) for w in wk]
@@ -407,7 +410,8 @@ class ClusterMachine(RuleBasedStateMachine):
         if hasattr(self, "s"):
             self.s.check_invariants()
             assert len(self.s.events) == self.ok
-            assert self.s.budget() == len(self.s.free_devices()) + sum(len(w.devices) for w in self.s.live_workers())
+            # every usable device is either free or held by exactly one live worker
+            assert self.s.budget() == len(free(self.s)) + sum(len(w.devices) for w in live(self.s))
 
 
 ClusterMachine.TestCase.settings = settings(

@@ -21,8 +21,8 @@ from pearl.types import DeviceStatus, LayoutShape, Mode, Pool, Role, WorkerPhase
 
 __all__ = ["ClusterState", "Device", "Event", "StateError", "Worker"]
 
-# Phases whose worker holds devices; DRAINING still holds them but accepts no new requests.
-_LIVE = (WorkerPhase.LOADING, WorkerPhase.SERVING, WorkerPhase.DRAINING)
+# Phases whose worker holds devices.
+_LIVE = (WorkerPhase.LOADING, WorkerPhase.SERVING)
 
 
 class StateError(Exception):
@@ -257,14 +257,11 @@ class ClusterState:
         return wid
 
     def worker_ready(self, t: float, wid: int) -> None:
-        """LOADING -> SERVING (weights loaded), or DRAINING -> SERVING (accepting again, e.g. after a
-        role flip with resident weights: drain, set_role, worker_ready)."""
+        """LOADING -> SERVING (weights loaded)."""
         self._begin(t)
         w = self._worker(wid)
-        if w.phase not in (WorkerPhase.LOADING, WorkerPhase.DRAINING):
-            raise StateError(
-                "ready-from-loading", f"worker {wid} is {w.phase.value}; only LOADING/DRAINING become ready"
-            )
+        if w.phase is not WorkerPhase.LOADING:
+            raise StateError("ready-from-loading", f"worker {wid} is {w.phase.value}; only LOADING workers get ready")
         prev = w.phase
         w.phase = WorkerPhase.SERVING
         self._emit(t, "worker_ready", worker=wid, prev=prev.value)
@@ -295,16 +292,6 @@ class ClusterState:
         self._emit(t, "version_set", worker=wid, version=version, prev=prev)
         self._done()
 
-    def drain(self, t: float, wid: int) -> None:
-        """SERVING -> DRAINING: the worker finishes or hands off what it has and takes nothing new."""
-        self._begin(t)
-        w = self._worker(wid)
-        if w.phase is not WorkerPhase.SERVING:
-            raise StateError("drain-serving-only", f"worker {wid} is {w.phase.value}; only SERVING workers drain")
-        w.phase = WorkerPhase.DRAINING
-        self._emit(t, "worker_draining", worker=wid)
-        self._done()
-
     def stop_worker(self, t: float, wid: int) -> None:
         """Any live phase -> STOPPED; its devices go FREE (lent ones keep their lease)."""
         self._begin(t)
@@ -322,15 +309,6 @@ class ClusterState:
         return [w for w in self.workers.values()
                 if w.phase is WorkerPhase.SERVING and (role is None or w.role is role)]
 
-    def live_workers(self, role: Role | None = None) -> list[Worker]:
-        """Workers holding devices (loading, serving or draining), optionally of one role, by id."""
-        return [w for w in self.workers.values() if w.phase in _LIVE and (role is None or w.role is role)]
-
-    def free_devices(self, pools: set[Pool] | None = None) -> list[int]:
-        """FREE devices (usable for a new worker), optionally only from `pools`, by id."""
-        return [d.id for d in self.devices.values()
-                if d.status is DeviceStatus.FREE and (pools is None or d.pool in pools)]
-
     def devices_of(self, pool: Pool) -> list[int]:
         """Present (not GONE) devices of `pool`, by id."""
         return [d.id for d in self.devices.values() if d.pool is pool and d.status is not DeviceStatus.GONE]
@@ -344,10 +322,10 @@ class ClusterState:
         return sum(d.status not in (DeviceStatus.TRAINING, DeviceStatus.GONE) for d in self.devices.values())
 
     def shape(self) -> LayoutShape:
-        """Shape of the live layout: LOADING and SERVING workers (draining ones are on their way out).
+        """Shape of the live layout: LOADING and SERVING workers.
         Disaggregated as soon as one prefill/decode worker exists (mixed ones are then counted too);
         tp is the most common worker size (the larger on a tie)."""
-        ws = [w for w in self.workers.values() if w.phase in (WorkerPhase.LOADING, WorkerPhase.SERVING)]
+        ws = [w for w in self.workers.values() if w.phase in _LIVE]
         if not ws:
             return LayoutShape.colocated(0)
         n = Counter(w.role for w in ws)
