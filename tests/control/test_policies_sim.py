@@ -33,7 +33,7 @@ def run(cfg: ScenarioConfig) -> tuple[Simulator, dict]:
 def test_no_trajectory_lost_and_borrowed_devices_back_in_time(policy):
     sim, res = run(scenario(policy))
     assert res["train_steps"] >= 2
-    in_flight = sim.active + sum(len(g.done) for g in sim.ready) + sum(len(g.done) for g in sim.groups.values())
+    in_flight = sim.active + sum(len(g.trajs) for g in sim.ready) + sum(len(g.trajs) for g in sim.groups.values())
     # every admitted trajectory is trained, discarded by the staleness rule, or still in the system
     assert sim.next_traj == sim.trained_trajs + sim.discarded + in_flight
     assert res["trainer"]["max_device_wait_s"] <= sim.cfg.policy.return_bound_s

@@ -95,7 +95,7 @@ class FirstTokenVersions(Simulator):
 
     def _train_start(self, batch, t_ready):
         for g in batch:
-            for tr in g.done:
+            for tr in g.trajs:
                 self.true_staleness[self.version - self.first[tr.id]] += 1
         return super()._train_start(batch, t_ready)
 
@@ -151,7 +151,7 @@ def test_every_admitted_trajectory_is_trained_discarded_or_still_in_flight(case)
     sim = Tracked(config(case))
     r = sim.run()
     training = sim.steps[-1]["trajectories"] if sim.trainer_busy and sim.steps else 0
-    finished_waiting = sum(len(g.done) for g in sim.groups.values()) + sum(g.n for g in sim.ready)
+    finished_waiting = sum(len(g.trajs) for g in sim.groups.values()) + sum(g.size for g in sim.ready)
     assert r["admitted_trajectories"] == sim.next_traj > 0
     assert sim.next_traj == sim.trained_trajs + sim.discarded + training + finished_waiting + sim.active
     assert r["trained_trajectories"] == sim.trained_trajs and r["discarded_stale"] == sim.discarded

@@ -267,3 +267,21 @@ def load_jsonl(path: str | Path) -> list[Trajectory]:
                 except (ValueError, TypeError) as err:
                     raise ValueError(f"{path}:{i}: {err}") from None
     return out
+
+
+@dataclass(eq=False)
+class Group:
+    """One prompt's trajectories (a GRPO group) on their way to the trainer, in the simulator and the
+    real runtime alike: `trajs` holds the members (finished ones, in the simulator; all, in the agent
+    loop), `pending` how many are still running."""
+
+    gid: int
+    size: int
+    seed: int = 0
+    trajs: list[Any] = field(default_factory=list)
+    pending: int = 0
+
+    @property
+    def min_version(self) -> int:
+        """The oldest policy version among the members' tokens."""
+        return min(t.min_version for t in self.trajs)

@@ -29,16 +29,8 @@ from pearl.envs import EnvRunner
 from pearl.errors import EnvironmentFailure, PearlError
 from pearl.real.engine import Output, TorchEngine
 from pearl.real.sampling import SamplingParams
-from pearl.rl.trajectory import Trajectory
+from pearl.rl.trajectory import Group, Trajectory
 from pearl.types import Role
-
-
-@dataclass
-class Group:
-    gid: int
-    seed: int
-    trajs: list[Trajectory] = field(default_factory=list)
-    pending: int = 0
 
 
 @dataclass
@@ -94,7 +86,7 @@ class AgentLoop:
     def start_group(self, gid: int, seed: int) -> list[Group]:
         """Admit one group; returns it at once if every episode failed already at reset."""
         done: list[Group] = []
-        group = Group(gid, seed, pending=self.group_size)
+        group = Group(gid, self.group_size, seed, pending=self.group_size)
         for i in range(self.group_size):
             t = Trajectory(id=f"g{gid}-{i}", group_id=gid, sample_index=i, start_version=self.version,
                            info={"seed": seed})

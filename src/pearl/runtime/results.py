@@ -9,6 +9,22 @@ from typing import Any
 from pearl.types import Pool, Role
 
 
+def device_seconds(sim: Any) -> dict[str, float]:
+    """Available device-seconds per pool over the run (elastic devices only while present)."""
+    T = sim.clock.now
+    out = {p.value: 0.0 for p in Pool}
+    for d in sim.state.devices.values():
+        a, b = sim.device_time.get(d.id, (0.0, None))
+        out[d.pool.value] += (b if b is not None else T) - a
+    return out
+
+
+def decode_worker_seconds(sim: Any) -> float:
+    T = sim.clock.now
+    return sum(((e.stopped_t if e.stopped_t is not None else T) - e.started_t)
+               for e in sim.all_engines if e.role is not Role.PREFILL)
+
+
 def _r(x: float, nd: int = 4) -> float:
     return float(round(x, nd))
 
@@ -36,10 +52,10 @@ def collect(sim: Any) -> dict[str, Any]:
         busy[pool] += eng.busy_s * len(eng.devices)
         by_role[eng.role.value] += eng.busy_s * len(eng.devices)
         decode_batch_s += eng.decode_batch_s
-    avail = sim.device_seconds()
+    avail = device_seconds(sim)
     busy[Pool.TRAIN.value] += sum(s["train_s"] for s in done) * len(sim.train_devices)
     util = {p: _r(busy[p] / avail[p]) if avail.get(p) else 0.0 for p in busy}
-    decode_workers_s = sim.decode_worker_seconds()
+    decode_workers_s = decode_worker_seconds(sim)
     rollout_s = [b - a for a, b in zip(sim.batch_ready_t, sim.batch_ready_t[1:])]
     return {
         "scenario": sim.cfg.name,

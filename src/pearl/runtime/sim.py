@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import random
 from collections import Counter
-from dataclasses import dataclass, field
 
 from pearl.config import ScenarioConfig
 from pearl.control.staleness import StalenessGate
@@ -26,35 +25,9 @@ from pearl.runtime.clock import VirtualClock
 from pearl.runtime.elastic import trace
 from pearl.runtime.sim_control import SimControl
 from pearl.types import DeviceStatus, Pool, Role, WorkerPhase
-from pearl.workloads import TrajectorySpec, Workload
-
-
-@dataclass(slots=True, eq=False)
-class SimTrajectory:
-    spec: TrajectorySpec
-    id: str
-    t_start: float
-    turn: int = 0
-    ctx: int = 0  # tokens in context now
-    min_version: int = 1 << 30
-    home: EmulatedEngine | None = None  # decode / mixed worker holding the KV
-    pre_home: EmulatedEngine | None = None  # prefill worker holding the prefix
-    generated: int = 0
-    in_env: bool = False
-    t_end: float = 0.0
-    migrations: int = 0
-    recomputes: int = 0
-
-
-@dataclass(slots=True)
-class Group:
-    index: int
-    n: int
-    done: list[SimTrajectory] = field(default_factory=list)
-
-    @property
-    def min_version(self) -> int:
-        return min(t.min_version for t in self.done)
+from pearl.rl.trajectory import Group
+from pearl.runtime.sim_records import SimTrajectory
+from pearl.workloads import Workload
 
 
 class Simulator:
@@ -115,20 +88,6 @@ class Simulator:
         self.train_devices = [st.add_device(0.0, Pool.TRAIN, node=node + i // c.devices_per_node)
                               for i in range(c.train_devices)]
         self.next_node = node + -(-c.train_devices // c.devices_per_node)
-
-    def device_seconds(self) -> dict[str, float]:
-        """Available device-seconds per pool over the run (elastic devices only while present)."""
-        T = self.clock.now
-        out = {p.value: 0.0 for p in Pool}
-        for d in self.state.devices.values():
-            a, b = self.device_time.get(d.id, (0.0, None))
-            out[d.pool.value] += (b if b is not None else T) - a
-        return out
-
-    def decode_worker_seconds(self) -> float:
-        T = self.clock.now
-        return sum(((e.stopped_t if e.stopped_t is not None else T) - e.started_t)
-                   for e in self.all_engines if e.role is not Role.PREFILL)
 
     def workers_on(self, devs) -> list[EmulatedEngine]:
         ds = set(devs)
@@ -259,10 +218,10 @@ class Simulator:
         n = self.cfg.rl.group_size
         while self.gate.capacity(self.version) >= n:
             g = Group(self.next_group, n)
-            self.groups[g.index] = g
-            prompt = self.workload.group_prompt_tokens(g.index)
+            self.groups[g.gid] = g
+            prompt = self.workload.group_prompt_tokens(g.gid)
             for _ in range(n):
-                spec = self.workload.trajectory(self.next_traj, g.index, prompt)
+                spec = self.workload.trajectory(self.next_traj, g.gid, prompt)
                 tr = SimTrajectory(spec, f"t{self.next_traj}", self.clock.now, ctx=spec.prompt_tokens)
                 self.next_traj += 1
                 self._start_turn(tr)
@@ -363,9 +322,9 @@ class Simulator:
         self._count_active(-1)
         self.gate.on_finish(1)
         g = self.groups[tr.spec.group]
-        g.done.append(tr)
-        if len(g.done) == g.n:
-            del self.groups[g.index]
+        g.trajs.append(tr)
+        if len(g.trajs) == g.size:
+            del self.groups[g.gid]
             self.ready.append(g)
             self._maybe_train()
         self._admit()
@@ -376,14 +335,14 @@ class Simulator:
         if self.trainer_busy or len(self.ready) < need:
             return
         t = self.clock.now
-        self.ready.sort(key=lambda g: (g.min_version, g.index))  # oldest first: fewest discards
+        self.ready.sort(key=lambda g: (g.min_version, g.gid))  # oldest first: fewest discards
         batch, keep = [], []
         for g in self.ready:
             if len(batch) < need and self.version - g.min_version <= self.cfg.rl.staleness:
                 batch.append(g)
             elif self.version - g.min_version > self.cfg.rl.staleness:
-                self.discarded += g.n
-                self.gate.on_discard(g.n)
+                self.discarded += g.size
+                self.gate.on_discard(g.size)
             else:
                 keep.append(g)
         self.ready = keep
@@ -400,7 +359,7 @@ class Simulator:
         t = self.clock.now
         self.state.set_training(t, self.train_devices, True)  # raises if a lent device is still out
         self.trainer_device_wait += t - t_ready
-        trajs = [tr for g in batch for tr in g.done]
+        trajs = [tr for g in batch for tr in g.trajs]
         tokens = sum(tr.spec.total_tokens for tr in trajs)
         n_dev = len(self.train_devices)
         dur = self.perf.train_step_time(tokens, n_dev, self.cfg.rl.train_mfu) * self.cfg.rl.train_passes
