@@ -51,8 +51,7 @@ class DecoderArch:
         qwen2 = cfg.model_type == "qwen2"  # q/k/v biases always, no o_proj bias
         if getattr(cfg, "mlp_bias", False) or (getattr(cfg, "attention_bias", False) and not qwen2):
             raise ConfigError(f"model {cfg.model_type!r} with MLP or output-projection biases is not supported")
-        return DecoderArch(eps=cfg.rms_norm_eps, rope_theta=float(theta), qk_norm=cfg.model_type == "qwen3",
-                           qkv_bias=qwen2)
+        return DecoderArch(cfg.rms_norm_eps, float(theta), qk_norm=cfg.model_type == "qwen3", qkv_bias=qwen2)
 
 
 @dataclass
@@ -66,8 +65,7 @@ class SeqChunk:
 
 
 class Decoder:
-    """The forward pass of a dense decoder: `shape` (the one shape record, `pearl.perf.models`) gives
-    the sizes, `arch` the rest."""
+    """The forward pass of a dense decoder: the sizes from `shape` (a ModelShape), the rest from `arch`."""
 
     def __init__(self, shape: ModelShape, arch: DecoderArch, dtype: torch.dtype = torch.float32,
                  device: str = "cpu"):
