@@ -1,11 +1,10 @@
-"""Calibration: recover known coefficients from synthetic steps, refuse impossible fits, refit online."""
+"""Calibration: recover known coefficients from synthetic steps, refuse impossible fits."""
 import random
 
 import pytest
 
 from pearl.errors import CalibrationError
-from pearl.perf import (ModelShape, OnlineCalibrator, PerfCoeffs, PerfModel, StepSample, calibrate, fit,
-                        get_hardware, get_model)
+from pearl.perf import ModelShape, PerfCoeffs, PerfModel, StepSample, calibrate, fit, get_hardware, get_model
 
 H100 = get_hardware("h100")
 Q8 = get_model("qwen3-8b")
@@ -46,12 +45,12 @@ def test_recovers_known_coefficients(model, hw, tp):
 
 
 def test_recovers_additive_form_on_cpu():
-    tiny = ModelShape("tiny", num_layers=4, hidden=256, num_q_heads=4, num_kv_heads=2, head_dim=64, ffn=1024,
+    small = ModelShape("small", num_layers=4, hidden=256, num_q_heads=4, num_kv_heads=2, head_dim=64, ffn=1024,
                       vocab=4096)
     cpu = get_hardware("cpu")
     want = PerfCoeffs(mfu=0.3, bw_eff=0.5, step_overhead_s=0.0005, combine="sum")
     rng = random.Random(1)
-    pm = PerfModel(tiny, cpu, coeffs=want)
+    pm = PerfModel(small, cpu, coeffs=want)
     samples = []
     for i in range(40):
         b, p = rng.randint(0, 16), rng.randint(0, 512) if i % 2 else 0
@@ -59,7 +58,7 @@ def test_recovers_additive_form_on_cpu():
         ctx = b * rng.randint(16, 1024)
         attn = p * (rng.randint(0, 512) + p / 2)
         samples.append(StepSample(b, ctx, p, attn, pm.step_time(b, ctx, p, attn)))
-    got = calibrate(samples, tiny, cpu, combine="sum")
+    got = calibrate(samples, small, cpu, combine="sum")
     assert got.combine == "sum"
     assert_close(got, want, 0.02)
 
@@ -114,18 +113,3 @@ def test_refuses_bad_inputs_and_bad_fits():
     with pytest.raises(CalibrationError, match="combine"):
         calibrate(good, Q8, H100, combine="min")
 
-
-def test_online_calibrator_window_and_fallback():
-    cal = OnlineCalibrator(Q8, H100, window=100, min_samples=20)
-    assert cal.refit() == PerfCoeffs() and "only 0" in cal.last_error  # nothing yet: keep the prior
-    for s in synthetic(PerfModel(Q8, H100, 1, TRUE), n=150):
-        cal.add(s)
-    assert cal.n_samples == 100  # bounded window
-    assert_close(cal.refit(), TRUE, 0.02)
-    assert cal.last_error is None and cal.last_fit.n_samples == 100
-    assert cal.perf_model().coeffs == cal.coeffs
-    # A window of impossible steps (4x faster than the hardware) is refused: the last good fit stays.
-    for s in synthetic(PerfModel(Q8, H100, 1, PerfCoeffs(mfu=2.0, bw_eff=3.0)), n=100, seed=9):
-        cal.add_step(s.n_decode, s.decode_context, s.prefill_tokens, s.prefill_attn, s.seconds)
-    assert_close(cal.refit(), TRUE, 0.02)
-    assert "> 1" in cal.last_error

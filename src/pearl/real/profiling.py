@@ -22,7 +22,7 @@ from typing import Sequence
 
 from pearl.perf.calibrate import Calibration, StepSample, fit
 from pearl.perf.hardware import get_hardware
-from pearl.perf.models import ModelShape
+from pearl.perf.models import ModelShape, model_from_hf_config
 from pearl.perf.profile import Profile, save_profile
 from pearl.real.engine import Output, TorchEngine
 from pearl.real.sampling import SamplingParams
@@ -194,13 +194,9 @@ def measure_steps(engine: TorchEngine, decode_batches: Sequence[int] = (1, 4, 16
 
 def model_shape(config, name: str = "custom") -> ModelShape:
     """The performance model's shape of a model from its transformers config (or config dict). The
-    engine computes in float32 whatever the checkpoint's dtype, so the shape says float32."""
-    from pearl.perf.models import model_from_hf_config
-
-    d = dict(config.to_dict() if hasattr(config, "to_dict") else config)
-    d.pop("dtype", None)
-    d["torch_dtype"] = "float32"
-    return model_from_hf_config(d, name)
+    engine computes in float32 whatever the checkpoint's dtype, so the shape says float32; for the
+    embedded models this is their catalogue entry, `pearl.perf.models.get_model(name)`."""
+    return model_from_hf_config(config, name, dtype="float32")
 
 
 def fit_profile(samples: Sequence[StepSample], shape: ModelShape, hardware: str = "cpu",
