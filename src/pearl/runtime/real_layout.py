@@ -16,7 +16,6 @@ from pearl.runtime.train_config import TrainConfig
 # Trainer copy: fp32 weights + grads + two AdamW moments; each engine holds one more fp32 copy.
 TRAINER_BYTES_PER_PARAM = 16
 ENGINE_BYTES_PER_PARAM = 4
-KNOWN_PARAMS = {"smollm2-135m": 134_515_008}
 
 
 def available_memory() -> int:
@@ -27,11 +26,9 @@ def available_memory() -> int:
 
 
 def model_params(name: str) -> int:
-    if name == "tiny":
-        from pearl.real.models import model_numbers, tiny_config
+    from pearl.perf.models import get_model
 
-        return model_numbers(tiny_config()).params
-    return KNOWN_PARAMS.get(name, 0)
+    return get_model(name).params_total
 
 
 def check_memory(name: str, workers: int, available: int | None = None) -> int:

@@ -106,11 +106,11 @@ def parse_train_config(data: dict[str, Any] | None, what: str = "train config") 
 def check_names(cfg: TrainConfig) -> None:
     """Unknown model / environment -> UnknownNameError / ConfigError, before any loading."""
     from pearl.envs.loader import resolve
-    from pearl.real.models import MODELS
+    from pearl.real.models import SOURCES
     from pearl.errors import UnknownNameError
 
-    if cfg.model not in MODELS:
-        raise UnknownNameError("model", cfg.model, list(MODELS))
+    if cfg.model not in SOURCES:
+        raise UnknownNameError("model", cfg.model, list(SOURCES))
     resolve(cfg.env.name)
 
 
