@@ -22,7 +22,7 @@ resume elsewhere from their tokens) and given a new role (`set_role`): the real 
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable
 
 from pearl.envs import EnvRunner

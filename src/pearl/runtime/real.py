@@ -48,6 +48,20 @@ from pearl.runtime.train_config import TrainConfig, load_train_config
 __all__ = ["Run", "load_train_config", "run_training", "summarize"]
 
 
+def split_batch(groups: list[Any], trainer_version: int, eta: int) -> tuple[list[Any], int, list[Any]]:
+    """A step's groups as (trainable trajectories, number discarded as staler than η, failed ones)."""
+    batch, stale, failed = [], 0, []
+    for g in groups:
+        for t in g.trajs:
+            if not t.ok:
+                failed.append(t)
+            elif t.staleness(trainer_version) > eta:
+                stale += 1
+            else:
+                batch.append(t)
+    return batch, stale, failed
+
+
 def _success(t: Any) -> bool:
     info = t.info
     return bool(info.get("success")) or info.get("outcome") in ("goal", "correct", "solved") or t.reward >= 1.0
@@ -200,6 +214,46 @@ class Run:
         return sum(len(g.trajs) for g in open_groups.values()) + self.groups.qsize() * self.cfg.group_size
 
     # ------------------------------------------------------------ trainer thread
+    def _take_groups(self) -> tuple[list[Any], float] | None:
+        """`prompts_per_step` finished groups (None if the run stops first) and the seconds waited."""
+        t_wait, groups = time.perf_counter(), []
+        while len(groups) < self.cfg.prompts_per_step:
+            try:
+                groups.append(self.groups.get(timeout=0.1))
+            except queue.Empty:
+                if self.stop.is_set():
+                    return None
+        return groups, time.perf_counter() - t_wait
+
+    def _account(self, batch: list[Any], stale: int, failed: list[Any]) -> None:
+        """Count a step's trajectories once each; stale ones give their slots back to the gate."""
+        with self.lock:
+            if stale:
+                self.gate.on_discard(stale)
+            self.counts["stale"] += stale
+            self.counts["failed"] += len(failed)
+            self.counts["ok"] += len(batch)
+            for t in failed:
+                self.fail_reasons[t.reason or "unknown"] = self.fail_reasons.get(t.reason or "unknown", 0) + 1
+            self.trained_staleness += [t.staleness(self.trainer.version) for t in batch]
+
+    def _update(self, batch: list[Any]) -> dict[str, Any]:
+        """Train on `batch` (if any) and offer the new weights to the engines; the step's metrics."""
+        if self.control is not None:
+            self.batch_ready_t.append(self.control.clock.now)
+        if not batch:  # every trajectory failed or was stale: no update, the run goes on
+            return {"version": self.trainer.version, "reward_mean": None, "success_rate": None}
+        self.training = True
+        try:
+            tm = self.trainer.step(batch)
+        finally:
+            self.training = False
+        m = {k: tm[k] for k in ("version", "loss", "grad_norm", "clip_fraction", "reward_mean", "reward_std",
+                                "staleness_mean", "staleness_max")}
+        m["success_rate"] = sum(map(_success, batch)) / len(batch)
+        self.agent.offer_weights(self.trainer.state_dict_snapshot(), self.trainer.version)
+        return m
+
     def train(self) -> None:
         torch.set_num_threads(1)
         cfg = self.cfg
@@ -207,47 +261,13 @@ class Run:
         tok_last = 0
         try:
             for step in range(1, cfg.max_steps + 1):
-                batch, stale, failed = [], 0, []
-                t_wait = time.perf_counter()
-                taken = 0
-                while taken < cfg.prompts_per_step:
-                    try:
-                        g = self.groups.get(timeout=0.1)
-                    except queue.Empty:
-                        if self.stop.is_set():
-                            return
-                        continue
-                    taken += 1
-                    for t in g.trajs:
-                        if not t.ok:
-                            failed.append(t)
-                        elif t.staleness(self.trainer.version) > cfg.staleness:
-                            stale += 1
-                        else:
-                            batch.append(t)
-                wait_s = time.perf_counter() - t_wait
-                with self.lock:
-                    if stale:
-                        self.gate.on_discard(stale)
-                    self.counts["stale"] += stale
-                    self.counts["failed"] += len(failed)
-                    self.counts["ok"] += len(batch)
-                    for t in failed:
-                        self.fail_reasons[t.reason or "unknown"] = self.fail_reasons.get(t.reason or "unknown", 0) + 1
-                    self.trained_staleness += [t.staleness(self.trainer.version) for t in batch]
-                m: dict[str, Any] = {"step": step}
-                if self.control is not None:
-                    self.batch_ready_t.append(self.control.clock.now)
-                if batch:
-                    self.training = True
-                    tm = self.trainer.step(batch)
-                    self.training = False
-                    m.update({k: tm[k] for k in ("version", "loss", "grad_norm", "clip_fraction", "reward_mean",
-                                                 "reward_std", "staleness_mean", "staleness_max")})
-                    m["success_rate"] = sum(map(_success, batch)) / len(batch)
-                    self.agent.offer_weights(self.trainer.state_dict_snapshot(), self.trainer.version)
-                else:  # every trajectory failed or was stale: no update, the run goes on
-                    m.update({"version": self.trainer.version, "reward_mean": None, "success_rate": None})
+                got = self._take_groups()
+                if got is None:
+                    return
+                groups, wait_s = got
+                batch, stale, failed = split_batch(groups, self.trainer.version, cfg.staleness)
+                self._account(batch, stale, failed)
+                m: dict[str, Any] = {"step": step, **self._update(batch)}
                 now = time.perf_counter()
                 gen = self.agent.tokens_generated + self.agent.tokens_env
                 m.update({"trained": len(batch), "failed": len(failed), "stale": stale,
