@@ -341,11 +341,11 @@ class Controller:
         cheapest to vacate."""
         cur = obs.shape
         tp, add = cur.tp, n // cur.tp
-        if cur.n_workers == 0 or (cur.n_mixed + cur.n_decode) == 0:
+        if not _valid(cur):  # e.g. decode workers left without a prefill worker: nothing to predict from
             return 0.0, Role.MIXED
-        if cur.n_prefill and self.adapt_pd:
-            options = {Role.PREFILL: LayoutShape.disaggregated(cur.n_prefill + add, cur.n_decode, tp),
-                       Role.DECODE: LayoutShape.disaggregated(cur.n_prefill, cur.n_decode + add, tp)}
+        if cur.n_prefill and self.adapt_pd:  # (mixed workers a layout still has are kept in both options)
+            options = {Role.PREFILL: replace(cur, n_prefill=cur.n_prefill + add),
+                       Role.DECODE: replace(cur, n_decode=cur.n_decode + add)}
         else:
             options = {Role.MIXED: LayoutShape.colocated(cur.n_workers + add, tp)}
         preds = self._predict([cur, *options.values()])

@@ -183,8 +183,8 @@ class Decoder:
         return w * xf.to(x.dtype)
 
     @torch.inference_mode()
-    # long: one decoder forward pass (embeddings, every layer, norms, logits) kept in one piece so it
-    # reads like the Hugging Face forward it is parity-tested against
+    # One decoder forward pass (embeddings, every layer, norms, logits) in one piece, so it reads like
+    # long: the Hugging Face forward it is parity-tested against
     def forward(self, chunks: list[SeqChunk], kv: KVCache) -> torch.Tensor:
         """Run the chunks, append their KV to `kv`, return logits [n_want, vocab] in chunk order."""
         s = self.shape

@@ -1,0 +1,82 @@
+"""`pearl train` ticks the same controller as the simulator on the wall clock: decisions, "keep"
+included, land in summary.json with their reasons; a worse starting layout is switched for real (role
+flips on live engines) and no trajectory is lost; the trainer's staleness discard is counted once."""
+import json
+from types import SimpleNamespace
+
+import pytest
+from rich.console import Console
+
+from pearl.control.staleness import StalenessGate
+from pearl.errors import ConfigError
+from pearl.runtime.real import load_train_config, run_training, split_batch
+
+pytest.importorskip("transformers")
+
+FAST = {"max_steps": 6, "prompts_per_step": 2, "group_size": 4, "rollout_workers": 2,
+        "policy": {"decision_interval_s": 0.5, "min_dwell_s": 1.0}}
+
+
+def _run(tmp_path, **over):
+    return run_training(None, {**FAST, **over}, tmp_path, Console(file=open("/dev/null", "w")))
+
+
+def _books_balance(s):
+    t = s["trajectories"]
+    assert t["ok"] + t["failed"] + t["stale"] + s["trajectories_unfinished"] == s["trajectories_admitted"]
+
+
+def test_two_workers_tick_the_controller_and_save_every_decision(tmp_path):
+    s = _run(tmp_path)
+    saved = json.loads((tmp_path / "summary.json").read_text())
+    assert saved["controller"]["policy"] == "pearl" and saved["controller"]["ticks"] >= 1
+    assert saved["decisions"] and len(saved["decisions"]) == saved["controller"]["decisions"]
+    for d in saved["decisions"]:
+        assert d["trigger"] == "periodic" and d["reason"].startswith(d["rule"])
+        assert d["candidates"] and d["current"]
+    _books_balance(s)
+
+
+def test_a_worse_start_is_switched_for_real_and_nothing_is_lost(tmp_path):
+    # 1P:1D is predicted about twice as slow as two colocated workers for gridworld's one-token turns
+    s = _run(tmp_path, layout="1P:1D")
+    switched = [d for d in s["decisions"] if d["switch"]]
+    assert switched, s["decisions"]
+    assert switched[0]["current"] == "1P:1D" and switched[0]["chosen"] == "colocated×2"
+    assert switched[0]["plan"]["flips"] >= 1 and switched[0]["gain_s"] > 0
+    assert s["controller"]["layout_final"] == "colocated×2"
+    lines = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert lines[-1]["layout"] == "colocated×2"
+    assert s["steps"] == 6 and s["trajectories"]["failed"] == 0
+    _books_balance(s)
+
+
+def test_fixed_policy_keeps_the_layout_and_decides_nothing(tmp_path):
+    s = _run(tmp_path, layout="1P:1D", max_steps=2, policy={"name": "fixed"})
+    assert s["decisions"] == [] and s["controller"]["layout_final"] == "1P:1D"
+
+
+def test_borrowing_in_pearl_train_is_refused_in_one_line():
+    with pytest.raises(ConfigError) as e:
+        load_train_config(None, {"policy": {"borrow": True}})
+    assert "policy.borrow" in str(e.value) and "\n" not in str(e.value)
+
+
+def _traj(version, ok=True):
+    return SimpleNamespace(ok=ok, staleness=lambda v, _x=version: v - _x, reason=None if ok else "x")
+
+
+def test_a_group_finishing_after_later_ones_is_discarded_as_stale_and_its_slots_return():
+    # η = 1: the trainer is at version 3; a group sampled at version 1 finished late (after groups of
+    # versions 2 and 3): its trajectories are stale and are discarded, the rest train
+    eta, gate = 1, StalenessGate(batch_size=4, eta=1)
+    gate.on_start(12)
+    gate.on_finish(6, accepted=True)  # the three groups below reached the trainer
+    late = SimpleNamespace(trajs=[_traj(1), _traj(1)])
+    fresh = [SimpleNamespace(trajs=[_traj(2), _traj(3)]), SimpleNamespace(trajs=[_traj(3), _traj(3, ok=False)])]
+    batch, stale, failed = split_batch([*fresh, late], trainer_version=3, eta=eta)
+    assert stale == 2 and len(failed) == 1 and len(batch) == 3
+    assert max(t.staleness(3) for t in batch) <= eta
+    before = gate.capacity(3)
+    gate.on_discard(stale)
+    assert gate.capacity(3) == before + stale  # the discarded trajectories' slots come back
