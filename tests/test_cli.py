@@ -61,3 +61,11 @@ def test_bad_scenarios_fail_with_one_line_and_exit_2(tmp_path, body, needle):
 def test_missing_scenario_file_is_a_clear_error(tmp_path):
     r = pearl("simulate", str(tmp_path / "nope.yaml"))
     assert r.returncode == 2 and "not found" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_profile_writes_a_profile_that_loads(tmp_path):
+    from pearl.perf.profile import load_profile
+
+    r = pearl("profile", "--out", str(tmp_path / "p.json"))
+    assert r.returncode == 0, r.stderr
+    assert load_profile(tmp_path / "p.json").hardware == "cpu"

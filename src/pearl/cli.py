@@ -129,6 +129,20 @@ def train(
     run_training(config, _parse_sets(set_), output, out)
 
 
+@app.command()
+def profile(
+    model: str = typer.Option("tiny", help="A runnable model: tiny, smollm2-135m."),
+    output: Path = typer.Option(Path("runs/profile.json"), "--out", help="Where to save the profile (JSON)."),
+) -> None:
+    """Measure the torch engine's step times on this machine and save a calibrated profile (hardware
+    "cpu", tp 1) for `pearl train` (`profile:`) and the simulator."""
+    from pearl.real.profiling import calibrate_engine
+
+    with out.status(f"measuring {model} engine steps"):
+        prof = calibrate_engine(model, output)
+    out.print(f"saved {output} ({prof.model} on {prof.hardware})")
+
+
 def main() -> None:
     try:
         app()
