@@ -39,7 +39,6 @@ class DeviceStatus(str, Enum):
 class WorkerPhase(str, Enum):
     LOADING = "loading"
     SERVING = "serving"
-    DRAINING = "draining"
     STOPPED = "stopped"
 
 

@@ -67,12 +67,6 @@ class Observation:
     tokens_generated: float = 0.0  # tokens decoded by every worker ever (a counter)
     active_integral: float = 0.0  # ∫ trajectories in flight dt since the start (a counter)
 
-    def device(self, dev: int) -> DeviceObs:
-        for d in self.devices:
-            if d.id == dev:
-                return d
-        raise KeyError(dev)
-
     def workers_on(self, devs: tuple[int, ...] | list[int]) -> list[WorkerObs]:
         ds = set(devs)
         return [w for w in self.workers if ds.intersection(w.devices)]
@@ -206,8 +200,3 @@ class Effects:
     next_tick_t: float | None = None  # tick again at this time (absolute); None: no tick scheduled
     then: Event | None = None  # evaluate this event on a fresh observation after applying the actions
     trainer_wait_s: float = 0.0  # how long the trainer waits for its devices (TrainerNeedsDevices)
-
-    def extend(self, other: "Effects") -> "Effects":
-        self.actions += other.actions
-        self.decisions += other.decisions
-        return self

@@ -33,9 +33,6 @@ class _Heap:
         self._n += 1
         heapq.heappush(self._heap, (t, self._n, fn, args))
 
-    def pending(self) -> int:
-        return len(self._heap)
-
 
 class VirtualClock(_Heap):
     def __init__(self) -> None:
@@ -44,9 +41,6 @@ class VirtualClock(_Heap):
 
     def at(self, t: float, fn: Callable[..., Any], *args: Any) -> None:
         self._push(max(t, self.now), fn, args)
-
-    def after(self, dt: float, fn: Callable[..., Any], *args: Any) -> None:
-        self.at(self.now + dt, fn, *args)
 
     def run(self, until: float, stop: Callable[[], bool] | None = None) -> None:
         """Run events up to time `until` in order, checking `stop()` before each. `now` is left at the
