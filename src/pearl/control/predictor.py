@@ -26,24 +26,27 @@ time over [0, T_i]. Its mates are a random draw fixed for life; linearised, they
 Completion = E[max] of T_i ~ N(T_i, σ_i): known trajectories as they are, a sampled class as n_c
 draws: ∫ (1 − Π Φ · Π_c F_c^n_c) dt. Never below the slowest trajectory's critical path.
 
+Here: the workload's statistics, the batch state, its representatives (`prepare`) and the entry points.
+The numeric core (the vectorised roofline `_Coeffs`/`_step`, the fixed point `_solve`, the spread and
+E[max]) is `pearl.control.predictor_core`; `BatchReps`, `_Coeffs` and `_step` are re-exported here.
+
 What it must not do: simulate events, own time, or import torch, Ray, asyncio or `time`.
 """
 from __future__ import annotations
 
 import copy
 from dataclasses import dataclass, field
-from functools import cached_property, lru_cache
+from functools import cached_property
 from typing import Iterable, Sequence
 
 import numpy as np
-from scipy.special import ndtr
 
 from pearl.config import EngineConfig
+from pearl.control.predictor_core import BatchReps, _Coeffs, _expected_max, _same_node_share, _solve
+from pearl.control.predictor_core import _step  # noqa: F401  (re-exported: tests check it against the roofline)
 from pearl.perf.roofline import PerfModel
 from pearl.types import LayoutShape, Mode
 from pearl.workloads import TrajectorySpec, Workload
-
-_REBALANCE = 0.5  # share of the worker-mate spread that session rebalancing leaves (see _solve)
 
 __all__ = ["BatchReps", "BatchState", "Prediction", "TrajectoryProgress", "WorkloadStats", "predict",
            "predict_many", "prepare"]
@@ -184,91 +187,7 @@ def _work(st: WorkloadStats, rows: np.ndarray, start: np.ndarray, ctx: np.ndarra
                 ev_row=ri, ev_x=x[ri, ki], ev_attn=x[ri, ki] * (c[ri, ki] - x[ri, ki] / 2))
 
 
-# ------------------------------------------------------------------ vectorised roofline
-class _Coeffs:
-    """`PerfModel.step_time` as linear coefficients, probed through its public methods and checked, so
-    that step times of many candidates and batch sizes are a few numpy operations."""
-
-    NAMES = ("flop_rate", "byte_rate", "ovh", "sum", "a_tok", "a_pair", "a_lm", "b_static", "b_tok",
-             "b_kv", "b_exp", "n_exp", "log_miss", "ar_tok", "ar_fixed", "cap", "xfer_same", "xfer_net",
-             "setup")
-    _cache: dict[int, tuple[PerfModel, _Coeffs]] = {}
-
-    @classmethod
-    def of(cls, pm: PerfModel) -> _Coeffs:
-        hit = cls._cache.get(id(pm))
-        if hit is None or hit[0] is not pm:  # (the model is kept, so its id is not reused)
-            hit = cls._cache[id(pm)] = (pm, cls(pm))
-        return hit[1]
-
-    def __init__(self, pm: PerfModel | None = None):
-        if pm is None:
-            return
-        c, hw, m, w = pm.coeffs, pm.hw, pm.model, pm.step_work
-        self.flop_rate, self.byte_rate = pm.tp * hw.peak_flops * c.mfu, pm.tp * hw.hbm_bw * c.bw_eff
-        self.ovh, self.sum = c.step_overhead_s, float(c.combine == "sum")
-        f1, f2 = w(0, 0, 1, 0.0)[0], w(0, 0, 2, 0.0)[0]
-        self.a_tok, self.a_lm, self.a_pair = f2 - f1, 2 * f1 - f2, w(1, 1)[0] - w(1, 0)[0]
-        self.b_kv = w(1, 1)[1] - w(1, 0)[1]
-        self.n_exp = float(m.num_experts) if m.is_moe else 0.0
-        self.log_miss = float(np.log1p(-m.experts_per_token / m.num_experts)) if m.is_moe else 0.0
-        a = np.array([[1.0, n, pm.experts_touched(n)] for n in (1, 2, 3)])
-        sol = np.linalg.lstsq(a if self.n_exp else a[:, :2], [w(n, 0)[1] for n in (1, 2, 3)], rcond=None)[0]
-        self.b_static, self.b_tok = sol[0], sol[1]
-        self.b_exp = sol[2] if self.n_exp else 0.0  # bytes per expert touched
-        self.ar_tok = w(2, 0)[2] - w(1, 0)[2]
-        self.ar_fixed = w(1, 0)[2] - self.ar_tok
-        self.cap = float(pm.kv_capacity_tokens())
-        self.xfer_same = pm.kv_bytes_per_token / (hw.nvlink_bw * pm.tp)
-        self.xfer_net = pm.kv_bytes_per_token / (hw.net_bw * pm.tp)
-        self.setup = c.kv_setup_s
-        for args in ((7, 9000, 0, 0.0), (3, 500, 700, 7e5), (0, 0, 4000, 9e6), (40, 2e5, 300, 4e5)):
-            want, got = pm.step_time(*args), float(_step(self, *args[:2], *(args[2:] if args[2] else ())))
-            if abs(got - want) > 1e-9 + 1e-6 * want:
-                raise RuntimeError(f"predictor's step-time coefficients disagree with {pm}: {got} vs {want}")
-
-    @staticmethod
-    def stack(cs: Sequence[_Coeffs]) -> _Coeffs:
-        out = _Coeffs()
-        out.__dict__.update({n: np.array([getattr(c, n) for c in cs], float)[:, None] for n in _Coeffs.NAMES})
-        return out
-
-    def take(self, rows: np.ndarray) -> _Coeffs:
-        out = _Coeffs()
-        out.__dict__.update({n: getattr(self, n)[rows] for n in _Coeffs.NAMES})
-        return out
-
-
-def _step(c, B, ctx, P=None, A=None, parts: bool = False):
-    """Vectorised `PerfModel.step_time` (B may be fractional: a mean batch); P, A: prefill tokens and
-    attention work (None: a decode step, B > 0); with `parts`, also whether it is memory-bound."""
-    tokens = B if P is None else B + P
-    flops = c.a_tok * tokens + c.a_lm * B + c.a_pair * ctx
-    nbytes = c.b_static + c.b_tok * tokens + c.b_kv * ctx + c.b_exp * c.n_exp * -np.expm1(tokens * c.log_miss)
-    if P is not None:  # prefill chunks: their attention, their KV reads and one sampled position
-        P = np.asarray(P, float)
-        flops = flops + c.a_pair * A + c.a_lm * (P > 0)
-        nbytes = nbytes + c.b_kv * np.where(P > 0, A / np.maximum(P, 1.0) + P / 2, 0.0)
-    tc, tm = flops / c.flop_rate, nbytes / c.byte_rate
-    t = c.ovh + np.where(c.sum > 0, tc + tm, np.maximum(tc, tm)) + c.ar_tok * tokens + c.ar_fixed
-    if P is not None:
-        t = np.where(tokens > 0, t, 0.0)  # an empty step costs nothing
-    return (t, tm >= tc) if parts else t
-
-
 # ------------------------------------------------------------------ the batch as representatives
-@dataclass(frozen=True, eq=False)
-class BatchReps:
-    """The batch as weighted representatives (`prepare`): per-rep work arrays, population weight w,
-    class label (-1: known) with mass q in its class, class sizes, and the turns as events."""
-
-    work: dict
-    w: np.ndarray
-    label: np.ndarray
-    q: np.ndarray
-    sizes: dict
-
-
 def prepare(stats: WorkloadStats, batch: BatchState, max_reps: int = 512,
             max_events: int | None = None) -> BatchReps:
     """Representatives of `batch`: known trajectories as they are; those of unknown length as up to
@@ -332,130 +251,6 @@ def _thin(stats: WorkloadStats, rows: np.ndarray, max_reps: int) -> tuple[np.nda
     return np.concatenate([bulk[pick], head]), np.concatenate([np.diff(edges), np.ones(top)]) / rows.size
 
 
-# ------------------------------------------------------------------ the fixed point
-def _solve(cf, n_dw, n_p, dis, p_same, engine: EngineConfig, reps: BatchReps, tol: float) -> dict:
-    """T_i and σ_i of every representative (columns) under every candidate (rows)."""
-    wk, w = reps.work, reps.w
-    K, Dn, E, Cd, X, F, c0, cF, fresh, prompt = (wk[k] for k in "K Dn E Cd X F c0 cF fresh prompt".split())
-    ev_x, ev_a, ev_m, starts = wk["ev_x"], wk["ev_attn"], wk["ev_m"], wk["starts"]
-    ev_w = w[wk["ev_row"]] * ev_m / (w[wk["ev_row"]] * ev_m).sum()
-    C, N = dis.shape[0], len(w)
-    ic, idis = np.nonzero(~dis[:, 0])[0], np.nonzero(dis[:, 0])[0]
-    cc, cd = cf.take(ic), cf.take(idis)
-    # Disaggregated: a prefill step per turn (its mean is the queue's service), fetch and hand-off.
-    own, s1 = np.zeros((C, N)), np.zeros((C, 1))
-    xfer = p_same * cf.xfer_same + (1 - p_same) * cf.xfer_net
-    if idis.size:
-        s_e = _step(cd, 0.0, 0.0, ev_x, ev_a)
-        # Queued turns share steps (a chunk takes every waiting prompt up to the token budget), so
-        # the queue drains at the marginal cost of a turn: its step less an empty step's overhead.
-        s1[idis] = (np.maximum(s_e - _step(cd, 0.0, 0.0, 1.0, 0.5), 0.0) * ev_w).sum(1, keepdims=True)
-        own[idis] = (np.add.reduceat(s_e * ev_m, starts, axis=1) + (2 * K - fresh) * cd.setup
-                     + (X + F) * xfer[idis])
-    # The first prompts all arrive at t=0: a trajectory waits, on average, for half of its worker's
-    # other prompts (chunked together, so compute-bound).
-    n_all = w.sum()
-    p_time = (cf.a_tok * prompt + cf.a_pair * prompt ** 2 / 2) / cf.flop_rate
-    p_mean = (p_time * w * fresh).sum(1, keepdims=True) / max((w * fresh).sum(), 1e-9)
-    burst = 0.5 * np.maximum((w * fresh).sum() / np.where(dis, n_p, n_dw) - 1, 0) * p_mean * fresh
-    # Of the N-1 others, N/n - 1 share a trajectory's worker (spread evenly, then session affinity).
-    mate = np.clip((n_all / n_dw - 1) / max(n_all - 1, 1e-9), 0.0, 1.0)
-    # Start from half of the mates decoding alongside, each at the batch's mean context.
-    b0 = 1 + 0.5 * mate * (n_all - 1)
-    tau1 = _step(cf, b0, Cd / np.maximum(Dn, 1) + (b0 - 1) * (w * Cd).sum() / max((w * Dn).sum(), 1.0))
-    T = E + Dn * tau1 + np.where(dis, own, K * tau1) + burst
-    tau_h, wait = tau1 + 0 * T, 0 * T
-    b_ref = np.maximum(1.0, 0.5 * n_all * mate)[ic]
-    ctx_ref = b_ref * (w * c0).sum() / n_all
-    rowoff = (np.arange(C) * N)[:, None]
-    per_rep = np.stack([w, w * c0, w * K, Dn, E, Cd, K, cF - c0])
-    for it in range(60):
-        order = np.argsort(T, axis=1)
-        flat = (order + rowoff).ravel()
-        ws, wc0, wK, Dn_s, E_s, Cd_s, K_s, grow = per_rep[:, order]
-        Ts, th_prev, own_s, wait_s = np.stack([T, tau_h, own + burst, wait]).reshape(4, -1)[:, flat].reshape(4, C, N)
-        think = np.maximum(Ts / K_s - wait_s - own_s / K_s, 0.0)  # a turn's time outside the prefill queue
-        ps = np.minimum(Dn_s * th_prev / Ts, 1.0)  # share of its life decoding (Little's law)
-        prev = np.concatenate([np.zeros((C, 1)), Ts[:, :-1]], axis=1)
-        dt, tmid = Ts - prev, (Ts + prev) / 2
-        slope = grow / Ts  # context growth per second while alive
-        # Sums over the alive (reverse cumulative sums in completion order), all in one pass.
-        parts = np.stack([ws, ws * ps, wc0 * ps, ws * ps * slope, wc0, ws * slope, wK / Ts, ws * think])
-        S_w, S_p, S_pc, S_ps, S_c0, S_sl, S_k, S_z = np.cumsum(parts[:, :, ::-1], axis=2)[:, :, ::-1]
-        oth = np.maximum(S_w - 1, 0) / np.maximum(S_w, 1e-12)  # share of the alive that are others
-        S_c, S_all = S_pc + S_ps * tmid, S_c0 + S_sl * tmid  # contexts decoding / held by all alive
-        B = np.minimum(1 + S_p * oth * mate, engine.max_num_seqs)
-        ctx, own_ctx = S_c * oth * mate, S_c / np.maximum(S_p, 1e-12)
-        # KV beyond capacity: decoders wait (the batch shrinks by kv_slow, each advances kv_slow times
-        # slower); idle sessions are evicted, so a share `evict` of turns recomputes / re-sends it all.
-        kv_slow = np.maximum(1.0, (ctx + own_ctx) / cf.cap)
-        demand = S_all * oth * mate + own_ctx
-        evict = np.minimum(np.maximum(demand - cf.cap, 0.0) / np.maximum(demand - ctx - own_ctx, 1.0), 1.0)
-        m_ctx = S_all / np.maximum(S_w, 1e-12)
-        # Colocated, an evicted context is recomputed; disaggregated, the prefill worker that last
-        # prefilled it still holds it (as the simulator's queued requests keep theirs), so it is re-sent.
-        rec = np.where(dis, m_ctx * xfer, (cf.a_tok * m_ctx + cf.a_pair * m_ctx ** 2 / 2) / cf.flop_rate)
-        tau_d, membound = _step(cf, B / kv_slow, ctx / kv_slow, parts=True)
-        kappa = np.where((cf.sum > 0) | membound, cf.b_kv / cf.byte_rate, 0.0) + np.where(
-            (cf.sum > 0) | ~membound, cf.a_pair / cf.flop_rate, 0.0)  # own context, per token per step
-        nu = S_k * oth  # the others' turns per second
-        stretch, d_mean = np.ones((C, N)), np.zeros((C, 1))
-        if ic.size:  # colocated: the mates' chunks lengthen the mixed steps (at the event-weighted batch)
-            d_e = _step(cc, b_ref, ctx_ref, ev_x, ev_a) - _step(cc, b_ref, ctx_ref)
-            d_mean[ic] = (d_e * ev_w).sum(1, keepdims=True)
-            stretch[ic] = 1 / (1 - np.minimum(nu[ic] * mate[ic] * (d_mean[ic] + evict[ic] * rec[ic]), 0.95))
-            own[ic] = np.add.reduceat(d_e * ev_m, starts, axis=1)
-        # The prefill queue (prefill workers, or a mixed worker's chunks) as a closed network: n
-        # trajectories per server, each back after Z s of thinking, service s. Schweitzer's MVA gives
-        # the residence R: R(Z + R) = s(Z + R) + s(n-1)R, light load R ~ s, saturation R ~ n·s - Z.
-        n_q = np.where(dis, S_w / np.maximum(n_p, 1), 1 + S_w * oth * mate)
-        s_q = np.where(dis, s1, d_mean + evict * rec)  # a mixed worker also recomputes evicted contexts
-        z_q = S_z / np.maximum(S_w, 1e-12)
-        b_q = z_q - n_q * s_q
-        wq = np.maximum((np.sqrt(b_q ** 2 + 4 * s_q * z_q) - b_q) / 2 - s_q, 0.0)
-        omega = np.where(dis, tau_d / 2, tau_d) + wq + evict * rec
-        tau_e = tau_d * kv_slow * stretch
-        I_inv, I_kap, I_om = np.cumsum(np.stack([dt / tau_e, kappa * stretch * dt, omega * dt]), axis=2)
-        th_s = Ts / I_inv  # harmonic mean of the step time over each one's life
-        new_s = E_s + own_s + Dn_s * th_s + (Cd_s * I_kap + K_s * I_om) / Ts
-        new, tau_h, wait = np.empty(C * N), np.empty(C * N), np.empty(C * N)
-        new[flat], tau_h[flat] = new_s.ravel(), th_s.ravel()
-        wait[flat] = (K_s * np.cumsum(wq * dt, axis=1) / Ts).ravel()
-        new, tau_h, wait = new.reshape(C, N), tau_h.reshape(C, N), wait.reshape(C, N) / np.maximum(K, 1)
-        if ic.size:
-            wt = (nu * dt)[ic]
-            wsum = np.maximum(wt.sum(1, keepdims=True), 1e-12)
-            b_ref, ctx_ref = (B[ic] * wt).sum(1, keepdims=True) / wsum, (ctx[ic] * wt).sum(1, keepdims=True) / wsum
-        # Converged once every shape still in contention (within 1.2x of the best) has: far worse
-        # shapes (a starved decode side can oscillate) need no more precision to lose.
-        tmax = new.max(axis=1)
-        done = np.max((np.abs(new - T) / T)[tmax <= 1.2 * tmax.min()]) < tol
-        T = 0.3 * T + 0.7 * new
-        if done:
-            break
-    # Worker-mate spread: m = N/n - 1 mates drawn at random. Linearised, mate j moves T_i by
-    # p_j ∫ (∂τ/∂B)/τ² over their overlap, times Dn_i·τ_h²/T_i (harmonic mean). Mates are not fixed
-    # for life, though: the router moves a session whose worker is clearly busier than a random other
-    # (its slack), so only part of the spread survives; _REBALANCE (fitted once, over seeds) keeps half.
-    half = 0.5 * own_ctx
-    fp = (_step(cf, B / kv_slow + 0.5, (ctx + half) / kv_slow)
-          - _step(cf, np.maximum(B / kv_slow - 0.5, 0.5), np.maximum(ctx - half, 0) / kv_slow)) * kv_slow * stretch
-    G = np.cumsum(fp / tau_e ** 2 * dt, axis=1)
-    y, y2 = ws * ps * G, ws * (ps * G) ** 2
-    w_o = np.maximum(n_all - ws, 1e-9)
-    below1, below2 = np.cumsum(np.stack([y, y2]), axis=2) - np.stack([y, y2])
-    above1, above2 = np.cumsum(np.stack([ws * ps, ws * ps ** 2])[:, :, ::-1], axis=2)[:, :, ::-1] - np.stack(
-        [ws * ps, ws * ps ** 2])
-    e1, e2 = (below1 + G * above1) / w_o, (below2 + G ** 2 * above2) / w_o
-    m = mate * (n_all - 1)
-    var = np.maximum(e2 - e1 ** 2, 0.0) * m * np.clip((n_all - 1 - m) / max(n_all - 2, 1.0), 0.0, 1.0)
-    sigma, om = np.empty(C * N), np.empty(C * N)
-    sigma[flat], om[flat] = (_REBALANCE * Dn_s * th_s ** 2 / Ts * np.sqrt(var)).ravel(), I_om.ravel()
-    return dict(T=T, sigma=sigma.reshape(C, N), iters=it + 1, concurrency=(B * dt).sum(1) / Ts[:, -1], tau_h=tau_h,
-                own=own + burst, omega=om.reshape(C, N) / T, evict=(evict * dt).sum(1) / Ts[:, -1],
-                segments=dict(end=Ts, B=B, ctx=ctx, step=tau_e, wait=wq, evict=evict))  # for inspection
-
-
 # ------------------------------------------------------------------ entry points
 def predict_many(shapes: Sequence[LayoutShape], perfs: Sequence[PerfModel], engine: EngineConfig,
                  stats: WorkloadStats | None, batch: BatchState, devices_per_node: int = 8,
@@ -498,50 +293,3 @@ def predict(shape: LayoutShape, perf: PerfModel, engine: EngineConfig, stats: Wo
             batch: BatchState, devices_per_node: int = 8, max_reps: int = 512) -> Prediction:
     """Predicted completion of `batch` under `shape`, workers modelled by `perf` (module docstring)."""
     return predict_many([shape], [perf], engine, stats, batch, devices_per_node, max_reps)[0]
-
-
-@lru_cache(maxsize=8192)
-def _same_node_share(shape: LayoutShape, devices_per_node: int) -> float:
-    """Share of (prefill, decode) worker pairs on one node, workers placed in device order, prefill first."""
-    if shape.mode is not Mode.DISAGGREGATED:
-        return 1.0
-    per = max(devices_per_node // shape.tp, 1)
-    nodes = np.arange(-(-shape.n_workers // per))
-    pre = np.clip(shape.n_prefill - nodes * per, 0, per)
-    dec = np.clip(shape.n_workers - nodes * per, 0, per) - pre
-    return float((pre * dec).sum() / (shape.n_prefill * shape.n_decode))
-
-
-def _expected_max(T: np.ndarray, sigma: np.ndarray, reps: BatchReps, points: int = 160) -> np.ndarray:
-    """Per row, E[max] with T_i ~ N(T_i, σ_i): P(max ≤ t) = Π_known Φ((t−T_i)/σ_i) · Π_c F_c(t)^n_c,
-    F_c the class's mixture; integrated on a grid from where it leaves zero (below that, a class's
-    reps count as finished)."""
-    rows, known = np.arange(T.shape[0]), reps.label < 0
-    lo = T[:, known].max(axis=1) if known.any() else np.full(T.shape[0], np.inf)
-    classes = []
-    for c, n in reps.sizes.items():
-        sel = np.nonzero(reps.label == c)[0]
-        order = np.argsort(T[:, sel], axis=1)
-        ts = np.take_along_axis(T[:, sel], order, axis=1)
-        F = np.cumsum(reps.q[sel][order], axis=1)
-        lo = np.minimum(lo, ts[rows, np.argmax(F ** n > 1e-4, axis=1)])  # where F^n leaves zero
-        classes.append((sel, order, ts, n))
-    lo = np.maximum(lo - 5 * sigma.max(axis=1), 0.0)
-    cols, lows = [np.broadcast_to(np.nonzero(known)[0], (T.shape[0], int(known.sum())))], []
-    for sel, order, ts, n in classes:
-        k = max(int((ts >= lo[:, None]).sum(axis=1).max()), 1)  # the reps that can still be running
-        keep = sel[order[:, -k:]]
-        cols.append(keep)
-        lows.append((n, 1.0 - reps.q[keep].sum(axis=1), k))
-    idx = np.concatenate(cols, axis=1)
-    Tk, sk = np.take_along_axis(T, idx, axis=1), np.take_along_axis(sigma, idx, axis=1)
-    grid = lo[:, None] + (np.max(Tk + 6 * sk, axis=1) - lo)[:, None] * np.linspace(0.0, 1.0, points)[None, :]
-    z = (grid[:, :, None] - Tk[:, None, :]) / np.maximum(sk[:, None, :], 1e-12)
-    phi = np.where(sk[:, None, :] > 0, ndtr(z), (z >= 0).astype(float))
-    at = int(known.sum())
-    log_g = np.log(np.maximum(phi[:, :, :at], 1e-300)).sum(axis=2)
-    for n, below, k in lows:
-        mix = below[:, None] + (phi[:, :, at:at + k] * reps.q[idx[:, at:at + k]][:, None, :]).sum(axis=2)
-        log_g += n * np.log(np.clip(mix, 1e-300, 1.0))
-        at += k
-    return lo + np.trapezoid(1.0 - np.exp(log_g), grid, axis=1)

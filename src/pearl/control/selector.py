@@ -80,14 +80,7 @@ def select(n_devices: int, perf_for_tp: Callable[[int], PerfModel] | Mapping[int
     nothing to keep."""
     if tps is None:
         tps = sorted(perf_for_tp) if isinstance(perf_for_tp, Mapping) else (engine.tp,)
-    perfs: dict[int, PerfModel] = {}
-    for tp in tps:
-        try:
-            pm = perf_for_tp[tp] if isinstance(perf_for_tp, Mapping) else perf_for_tp(tp)
-            pm.kv_capacity_tokens()
-        except (ResourceError, KeyError):
-            continue
-        perfs[tp] = pm
+    perfs = _fitting_models(perf_for_tp, tps)
     scored: dict[LayoutShape, Prediction] = {}
     reps = prepare(stats, batch, max_reps, max_events)  # once: every candidate sees the same batch
 
@@ -102,33 +95,65 @@ def select(n_devices: int, perf_for_tp: Callable[[int], PerfModel] | Mapping[int
         score(list(shapes))
     else:
         grids = {tp: n_devices // tp for tp in perfs if n_devices % tp == 0 and n_devices >= tp}
-        first: list[LayoutShape] = []
-        for tp, n in grids.items():
-            first.append(LayoutShape.colocated(n, tp))
-            ps = range(1, n) if n - 1 <= exhaustive else _coarse(n, coarse_points)
-            first.extend(LayoutShape.disaggregated(p, n - p, tp) for p in ps)
-        if current is not None and current.n_devices == n_devices:
-            first.append(current)
-        score(first)
-        # Refine the ratio of each tp still in contention (its best within `margin` of the overall
-        # best) around its best prefill count, until the neighbourhood is scored densely.
-        while True:
-            top = min(p.completion_s for p in scored.values())
-            more: list[LayoutShape] = []
-            for tp, n in grids.items():
-                done = {s.n_prefill: p.completion_s for s, p in scored.items()
-                        if s.tp == tp and s.mode is Mode.DISAGGREGATED}
-                if not done or len(done) >= n - 1 or min(done.values()) > top * (1 + margin):
-                    continue
-                ps = sorted(done)
-                i = ps.index(min(ps, key=done.get))
-                gaps = range(ps[max(i - 1, 0)] + 1, ps[min(i + 1, len(ps) - 1)])
-                gaps = [p for p in gaps if p not in done]
-                step = max(1, -(-len(gaps) // refine_points))
-                more.extend(LayoutShape.disaggregated(p, n - p, tp) for p in gaps[::step])
-            if not more:
-                break
+        score(_first_shapes(grids, current, n_devices, exhaustive, coarse_points))
+        # Refine the ratio of each tp still in contention until the neighbourhood is scored densely.
+        while more := _refinements(scored, grids, margin, refine_points):
             score(more)
+    return _ranked(scored, current, transition_cost_s, n_devices, tps)
+
+
+def _fitting_models(perf_for_tp: Callable[[int], PerfModel] | Mapping[int, PerfModel],
+                    tps: Sequence[int]) -> dict[int, PerfModel]:
+    """tp -> worker model, for each tp in `tps` whose model exists and fits in memory."""
+    perfs: dict[int, PerfModel] = {}
+    for tp in tps:
+        try:
+            pm = perf_for_tp[tp] if isinstance(perf_for_tp, Mapping) else perf_for_tp(tp)
+            pm.kv_capacity_tokens()
+        except (ResourceError, KeyError):
+            continue
+        perfs[tp] = pm
+    return perfs
+
+
+def _first_shapes(grids: dict[int, int], current: LayoutShape | None, n_devices: int, exhaustive: int,
+                  coarse_points: int) -> list[LayoutShape]:
+    """The first round: per tp (`grids`: tp -> workers), colocated and every ratio (at most
+    `exhaustive` of them) or a coarse grid of them; plus the current layout when it fits the budget."""
+    first: list[LayoutShape] = []
+    for tp, n in grids.items():
+        first.append(LayoutShape.colocated(n, tp))
+        ps = range(1, n) if n - 1 <= exhaustive else _coarse(n, coarse_points)
+        first.extend(LayoutShape.disaggregated(p, n - p, tp) for p in ps)
+    if current is not None and current.n_devices == n_devices:
+        first.append(current)
+    return first
+
+
+def _refinements(scored: Mapping[LayoutShape, Prediction], grids: dict[int, int], margin: float,
+                 refine_points: int) -> list[LayoutShape]:
+    """The next round: for each tp still in contention (its best within `margin` of the overall
+    best), up to about `refine_points` unscored ratios between the neighbours of its best prefill
+    count; empty when there is nothing left to refine."""
+    top = min(p.completion_s for p in scored.values())
+    more: list[LayoutShape] = []
+    for tp, n in grids.items():
+        done = {s.n_prefill: p.completion_s for s, p in scored.items()
+                if s.tp == tp and s.mode is Mode.DISAGGREGATED}
+        if not done or len(done) >= n - 1 or min(done.values()) > top * (1 + margin):
+            continue
+        ps = sorted(done)
+        i = ps.index(min(ps, key=done.get))
+        gaps = range(ps[max(i - 1, 0)] + 1, ps[min(i + 1, len(ps) - 1)])
+        gaps = [p for p in gaps if p not in done]
+        step = max(1, -(-len(gaps) // refine_points))
+        more.extend(LayoutShape.disaggregated(p, n - p, tp) for p in gaps[::step])
+    return more
+
+
+def _ranked(scored: dict[LayoutShape, Prediction], current: LayoutShape | None,
+            transition_cost_s: Callable[[LayoutShape], float], n_devices: int, tps: Sequence[int]) -> Selection:
+    """The scored shapes ranked by completion + transition cost (keeping `current` is free)."""
     ranked = []
     for s, p in scored.items():
         cost = 0.0 if s == current else float(transition_cost_s(s))

@@ -137,13 +137,7 @@ class GRPOTrainer:
     # ------------------------------------------------------------ one update
     def step(self, trajectories: Sequence[Trajectory]) -> dict[str, Any]:
         c = self.config
-        running = [t.id for t in trajectories if t.status is Status.RUNNING]
-        if running:
-            raise ValueError(f"trajectories still running (call finish() or fail()): {running[:5]}")
-        good = [t for t in trajectories if t.ok]
-        n_failed = len(trajectories) - len(good)
-        if not good:
-            raise ValueError(f"no usable trajectories in a batch of {len(trajectories)} (all failed)")
+        good = self._usable(trajectories)
         rewards = torch.tensor([t.reward for t in good], dtype=torch.float64)
         adv = group_advantages(rewards, torch.tensor([t.group_id for t in good]),
                                normalize_std=c.normalize_std, eps=c.adv_eps)
@@ -155,6 +149,45 @@ class GRPOTrainer:
 
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
+        sums = self._accumulate(good, adv, work, total_tokens)
+        scored = sums["scored"]
+        grad_norm, skipped = self._apply_update()
+        return {
+            "version": self.version,
+            "loss": sums["loss"],
+            "grad_norm": grad_norm,
+            "skipped": skipped,
+            "clip_fraction": sums["clipped"] / max(scored, 1),
+            "capped_fraction": sums["capped"] / max(scored, 1),
+            "ratio_mean": sums["ratio"] / scored if scored else 1.0,
+            "kl": sums["kl"] / max(scored, 1),
+            "reward_mean": float(rewards.mean()),
+            "reward_std": float(rewards.std(unbiased=False)),
+            "adv_abs_mean": float(adv.abs().mean()),
+            "tokens": total_tokens,
+            "tokens_scored": scored,
+            "trajectories": len(good),
+            "failed": len(trajectories) - len(good),
+            "staleness_mean": sum(stale) / len(stale) if stale else 0.0,
+            "staleness_max": max(stale) if stale else 0,
+        }
+
+    @staticmethod
+    def _usable(trajectories: Sequence[Trajectory]) -> list[Trajectory]:
+        """The trajectories that did not fail; raises if any is still running or none is usable."""
+        running = [t.id for t in trajectories if t.status is Status.RUNNING]
+        if running:
+            raise ValueError(f"trajectories still running (call finish() or fail()): {running[:5]}")
+        good = [t for t in trajectories if t.ok]
+        if not good:
+            raise ValueError(f"no usable trajectories in a batch of {len(trajectories)} (all failed)")
+        return good
+
+    def _accumulate(self, good: Sequence[Trajectory], adv: Tensor, work: list[int],
+                    total_tokens: int) -> dict[str, Any]:
+        """Forward/backward of `good[i]` for i in `work`, in micro-batches, summing the gradients; the
+        summed loss and loss statistics (tokens scored, ratio sum, clipped, capped, KL sum)."""
+        c = self.config
         loss_sum = ratio_sum = kl_sum = 0.0
         scored = clipped = capped = 0
         for start in range(0, len(work), c.micro_batch_size):
@@ -178,7 +211,12 @@ class GRPOTrainer:
             clipped += st.clipped
             capped += st.capped
             kl_sum += st.kl_sum
+        return dict(loss=loss_sum, scored=scored, ratio=ratio_sum, clipped=clipped, capped=capped, kl=kl_sum)
 
+    def _apply_update(self) -> tuple[float, bool]:
+        """Clip and apply the accumulated gradients, bumping `version`; a non-finite gradient norm
+        drops the update instead. Returns (gradient norm before clipping, skipped)."""
+        c = self.config
         grad_norm = self._grad_norm()
         skipped = not math.isfinite(grad_norm)
         if skipped:  # a NaN/inf gradient would poison the weights: drop this update, keep the version
@@ -189,25 +227,7 @@ class GRPOTrainer:
             self.optimizer.step()
             self.optimizer.zero_grad(set_to_none=True)
             self.version += 1
-        return {
-            "version": self.version,
-            "loss": loss_sum,
-            "grad_norm": grad_norm,
-            "skipped": skipped,
-            "clip_fraction": clipped / max(scored, 1),
-            "capped_fraction": capped / max(scored, 1),
-            "ratio_mean": ratio_sum / scored if scored else 1.0,
-            "kl": kl_sum / max(scored, 1),
-            "reward_mean": float(rewards.mean()),
-            "reward_std": float(rewards.std(unbiased=False)),
-            "adv_abs_mean": float(adv.abs().mean()),
-            "tokens": total_tokens,
-            "tokens_scored": scored,
-            "trajectories": len(good),
-            "failed": n_failed,
-            "staleness_mean": sum(stale) / len(stale) if stale else 0.0,
-            "staleness_max": max(stale) if stale else 0,
-        }
+        return grad_norm, skipped
 
     def _grad_norm(self) -> float:
         grads = [p.grad.detach().float().norm() for p in self.params if p.grad is not None]
