@@ -183,8 +183,7 @@ class Decoder:
         return w * xf.to(x.dtype)
 
     @torch.inference_mode()
-    # One decoder forward pass (embeddings, every layer, norms, logits) in one piece, so it reads like
-    # long: the Hugging Face forward it is parity-tested against
+    # long: one decoder pass in one piece, read side by side with the HF forward it is parity-tested on
     def forward(self, chunks: list[SeqChunk], kv: KVCache) -> torch.Tensor:
         """Run the chunks, append their KV to `kv`, return logits [n_want, vocab] in chunk order."""
         s = self.shape
