@@ -161,6 +161,15 @@ class ControllerConfig(Frozen):
     # A lend must save this many times what starting and vacating its workers cost (the model does
     # not see the slowdown of migrating their requests back).
     lend_gain_factor: float = Field(default=2.0, ge=0)
+    # Slack a lend keeps before its deadline: a fixed part plus a share of the return's cost (the
+    # estimate of vacating the devices can be off, proportionally and not).
+    lend_safety_s: float = Field(default=0.25, ge=0)
+    lend_safety_share: float = Field(default=0.2, ge=0)
+    # Measured throughput corrects predictions (`control.refit`): smoothing weight of a new sample,
+    # samples before a shape counts as measured, and the shortest interval that counts as a sample.
+    refit_alpha: float = Field(default=0.3, gt=0, le=1)
+    refit_min_samples: int = Field(default=2, ge=1)
+    refit_min_seconds: float = Field(default=1.0, ge=0)
     # Expected stay of an elastic device without a notice, when the trace gives no median lifetime.
     elastic_stay_s: float = Field(default=3600.0, gt=0)
     # The switching gate: hysteresis band (relative), streak for marginal candidates, and how many

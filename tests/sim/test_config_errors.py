@@ -94,3 +94,25 @@ def test_unknown_profile_is_a_config_error_listing_the_known_ones():
 def test_scenario_level_error_is_not_prefixed_twice():
     msg = error({**DISAGG_8, "layout": {"mode": "disaggregated", "prefill": 1, "decode": 3}})
     assert not msg.startswith("config: config:"), msg
+
+
+@pytest.mark.parametrize("data, field, value", [
+    ({"policy": {"controller": {"explore_band": 2}}}, "policy.controller.explore_band", "2"),
+    ({"policy": {"controller": {"wake_s": -1}}}, "policy.controller.wake_s", "-1"),
+    ({"policy": {"controller": {"confirm": 0}}}, "policy.controller.confirm", "0"),
+])
+def test_controller_constants_are_validated_fields(data, field, value):
+    msg = error(data)
+    assert f"'{field}'" in msg and value in msg, msg
+
+
+def test_a_controller_constant_changes_what_the_controller_does():
+    # wake_s prices every start: a huge one makes PEARL keep its layout where it otherwise switches
+    base = {"name": "k", "duration_s": 600, "cluster": {"rollout_devices": 4, "train_devices": 4},
+            "workload": {"profile": "search"}, "rl": {"prompts_per_batch": 8, "group_size": 4},
+            "policy": {"name": "pearl", "decision_interval_s": 20, "min_dwell_s": 30, "borrow": False}}
+    quick = Simulator(parse_config(base, ScenarioConfig)).run()
+    slow_cfg = {**base, "policy": {**base["policy"], "controller": {"wake_s": 1e6}}}
+    slow = Simulator(parse_config(slow_cfg, ScenarioConfig)).run()
+    assert quick["reconfiguration"]["switches"] >= 1
+    assert slow["reconfiguration"]["switches"] < quick["reconfiguration"]["switches"]

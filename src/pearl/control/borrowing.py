@@ -53,8 +53,12 @@ class BorrowPlanner:
         self.safety_frac, self.min_gain_s = safety_frac, min_gain_s
 
     @classmethod
-    def from_policy(cls, policy: PolicyConfig, **kw) -> "BorrowPlanner":
-        return cls(policy.return_bound_s, **kw)
+    def from_policy(cls, policy: PolicyConfig) -> "BorrowPlanner":
+        """The planner `policy` configures: a lend must save `lend_gain_factor` times what starting
+        and vacating its workers cost (the model does not see the slowdown of migrating back)."""
+        k = policy.controller
+        return cls(policy.return_bound_s, k.lend_safety_s, k.lend_safety_share,
+                   min_gain_s=k.lend_gain_factor * (k.wake_s + k.stop_s))
 
     def safety(self, return_cost_s: float) -> float:
         """Slack before the deadline: the return-cost estimate can be off, proportionally and not."""

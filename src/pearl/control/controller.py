@@ -72,9 +72,9 @@ class Controller:
     def __init__(self, policy: PolicyConfig, setting: ControlSetting):
         self.cfg, self.k, self.setting = policy, policy.controller, setting
         k = self.k
-        self.gate = SwitchGate(policy.switch_margin, policy.min_dwell_s, k.hysteresis, k.confirm, k.clear)
-        self.scale_out_gate = SwitchGate(policy.switch_margin, policy.min_dwell_s, 0.0, k.confirm, k.clear)
-        self.borrower = BorrowPlanner(policy.return_bound_s, min_gain_s=k.lend_gain_factor * (k.wake_s + k.stop_s))
+        self.gate = SwitchGate.from_policy(policy)
+        self.scale_out_gate = SwitchGate.from_policy(policy, hysteresis=0.0)
+        self.borrower = BorrowPlanner.from_policy(policy)
         base = setting.perf_for(setting.engine.tp)
         self.base_perf = base
         self.costs = TransitionCosts(flip_s=k.flip_s, migrate_request_s=base.kv_transfer_time(k.migrate_tokens, False),
@@ -83,7 +83,7 @@ class Controller:
         # so that is the batch whose completion we predict (a lone batch is set by its slowest member).
         self.batch = BatchState.fresh((setting.staleness + 1) * setting.batch_size)
         self.reps = prepare(setting.stats, self.batch, k.predict_reps, k.predict_events)
-        self.refit = ThroughputRefit()
+        self.refit = ThroughputRefit(k.refit_alpha, k.refit_min_samples, k.refit_min_seconds)
         self.last_switch: float | None = None
         self.explored: set[LayoutShape] = set()
         self.lent: list[int] = []

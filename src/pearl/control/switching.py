@@ -65,9 +65,12 @@ class SwitchGate:
         self._key: Hashable = None
 
     @classmethod
-    def from_policy(cls, policy: PolicyConfig, hysteresis: float = 0.05, confirm: int = 3,
-                    clear: float = 3.0) -> "SwitchGate":
-        return cls(policy.switch_margin, policy.min_dwell_s, hysteresis, confirm, clear)
+    def from_policy(cls, policy: PolicyConfig, hysteresis: float | None = None) -> "SwitchGate":
+        """The gate `policy` configures (`policy.controller` holds the band, streak and clear factor);
+        `hysteresis` overrides the band (0 for a pure scale-out, which disturbs no running worker)."""
+        k = policy.controller
+        return cls(policy.switch_margin, policy.min_dwell_s, k.hysteresis if hysteresis is None else hysteresis,
+                   k.confirm, k.clear)
 
     def evaluate(self, now: float, current_s: float, candidate_s: float, transition_cost_s: float,
                  window_s: float = math.inf, last_switch_t: float | None = None) -> SwitchVerdict:
