@@ -121,12 +121,18 @@ def plan(
 def train(
     config: Optional[Path] = typer.Argument(None, help="Training YAML (default: the embedded tiny model on a built-in environment)."),
     set_: list[str] = typer.Option([], "--set", help="Override any field: --set max_steps=20 (repeatable)."),
-    output: Optional[Path] = typer.Option(None, "--out", help="Run directory (default runs/train-<name>)."),
+    output: Optional[Path] = typer.Option(None, "--out", help="Run directory (default runs/<name>-<date>-<time>)."),
+    resume: Optional[Path] = typer.Option(None, "--resume", help="Continue this run directory from its newest checkpoint."),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Replace the run directory given by --out if it holds a run."),
 ) -> None:
     """Train an agent for real (torch engines + GRPO trainer) with the PEARL rollout stack."""
-    from pearl.runtime.real import run_training
+    from pearl.runtime.training import RunInterrupted, run_training
 
-    run_training(config, _parse_sets(set_), output, out)
+    try:
+        run_training(config, _parse_sets(set_), output, out, resume=resume, overwrite=overwrite)
+    except RunInterrupted as e:  # a clean stop, not an error: say how to continue
+        print(str(e), file=sys.stderr)
+        raise typer.Exit(e.exit_code) from None
 
 
 @app.command()

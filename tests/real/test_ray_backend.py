@@ -7,7 +7,7 @@ import time
 import pytest
 from rich.console import Console
 
-from pearl.runtime.real import run_training
+from pearl.runtime.training import run_training
 
 pytest.importorskip("transformers")
 ray = pytest.importorskip("ray")

@@ -9,7 +9,9 @@ from rich.console import Console
 
 from pearl.control.staleness import StalenessGate
 from pearl.errors import ConfigError
-from pearl.runtime.real import load_train_config, run_training, split_batch
+from pearl.runtime.real import split_batch
+from pearl.runtime.train_config import load_train_config
+from pearl.runtime.training import run_training
 
 pytest.importorskip("transformers")
 

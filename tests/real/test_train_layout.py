@@ -6,7 +6,8 @@ import pytest
 from rich.console import Console
 
 from pearl.errors import ConfigError
-from pearl.runtime.real import load_train_config, run_training
+from pearl.runtime.train_config import load_train_config
+from pearl.runtime.training import run_training
 
 pytest.importorskip("transformers")
 

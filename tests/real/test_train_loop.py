@@ -7,7 +7,8 @@ from rich.console import Console
 
 from pearl.envs import BaseEnv, StepResult
 from pearl.errors import ConfigError, ResourceError, UnknownNameError
-from pearl.runtime.real import check_memory, run_training
+from pearl.runtime.real_layout import check_memory
+from pearl.runtime.training import run_training
 
 pytest.importorskip("transformers")
 

@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import copy
 import json
-import queue
 import threading
 import time
 from pathlib import Path
@@ -42,10 +41,17 @@ from rich.markup import escape
 
 from pearl.control.observation import TrainerObs
 from pearl.control.staleness import StalenessGate
+from pearl.errors import PearlError
 from pearl.runtime.real_layout import check_memory, choose_layout, control_setting, probe_workload
-from pearl.runtime.train_config import TrainConfig, load_train_config
+from pearl.runtime.train_config import TrainConfig
 
-__all__ = ["Run", "load_train_config", "run_training", "summarize"]
+__all__ = ["Run", "TrainingDiverged", "split_batch"]
+
+
+class TrainingDiverged(PearlError):
+    """Too many updates in a row were skipped for a non-finite loss or gradient."""
+
+    exit_code = 1
 
 
 def split_batch(groups: list[Any], trainer_version: int, eta: int) -> tuple[list[Any], int, list[Any]]:
@@ -93,12 +99,22 @@ class Run:
         self._trainer(allowed)
         self._loop(roles, lambda: load_env(cfg.env.name, **env_kwargs))
         self.gate = StalenessGate(cfg.batch_size, cfg.staleness)
-        self.groups: queue.Queue = queue.Queue()
         self.lock = threading.Lock()
-        self.stop = threading.Event()
+        self.finished: dict[int, Any] = {}  # gid -> finished group, not yet taken by the trainer
+        self.open: dict[int, int] = {}  # gid -> env seed of every admitted group not yet finished
+        self.next_gid = 0  # the next group to admit
+        self.next_train_gid = 0  # the trainer takes groups in gid order (deterministic prompt ids per step)
+        self.readmit: list[tuple[int, int]] = []  # groups to start again first (resumed from a checkpoint)
+        self.stop = threading.Event()  # the run is over (done, failed, or stopping)
+        self.stop_requested: str | None = None  # a signal asked for a clean stop after the current step
         self.error: BaseException | None = None
-        self.counts = {"ok": 0, "failed": 0, "stale": 0}
+        self.counts = {"ok": 0, "failed": 0, "stale": 0, "skipped": 0}
         self.admitted = 0  # trajectories started; = counts + unfinished() when the run ends
+        self.start_step = 1
+        self.steps_done = 0
+        self.on_step: Any = None  # called with the step number after each step (checkpoints)
+        self.nonfinite_in_row = 0
+        self.zero_grad_in_row = 0
         self.fail_reasons: dict[str, int] = {}
         self.history: list[dict[str, Any]] = []
         self.trained_staleness: list[int] = []
@@ -166,13 +182,12 @@ class Run:
         return self.layout if self.control is None else str(self.control.state.shape())
 
     def _trainer_obs(self) -> TrainerObs:
-        return TrainerObs(self.training, self.groups.qsize(), self.cfg.prompts_per_step,
+        return TrainerObs(self.training, len(self.finished), self.cfg.prompts_per_step,
                           tuple(self.batch_ready_t[-4:]), (self.control.train_device,) if self.control else ())
 
     # ------------------------------------------------------------ rollout thread
     def rollout(self) -> None:
         torch.set_num_threads(1)
-        gid = 0
         if self.control is not None:
             self.control.driver.start()
         try:
@@ -180,17 +195,7 @@ class Run:
                 if self.control is not None:
                     self.control.clock.run_due()  # the controller's ticks and delayed actions, between steps
                 with self.lock:
-                    # Admit by the version the engines will stamp on the tokens: they apply a new
-                    # snapshot between steps, so they can lag the trainer, and a gate on the
-                    # trainer's version would admit trajectories that are already too stale.
-                    self.agent.apply_weights()  # between engine steps: a pending snapshot lands now
-                    while self.gate.capacity(self.agent.version) >= self.cfg.group_size:
-                        self.gate.on_start(self.cfg.group_size)
-                        self.admitted += self.cfg.group_size
-                        # GRPO groups share an env seed; seeds advance so the env's map set is covered.
-                        for g in self.agent.start_group(gid, self.cfg.seed * 100_003 + gid):
-                            self._group_done(g)
-                        gid += 1
+                    self._admit()
                 if not self.agent.has_work():
                     time.sleep(0.002)  # gate closed: wait for the trainer to bump the version
                     continue
@@ -201,89 +206,144 @@ class Run:
             self.error = err
             self.stop.set()
 
+    def _admit(self) -> None:
+        """Admit groups while the gate has room. The gate counts by the version the engines will stamp
+        on the tokens: they apply a new snapshot between steps, so they can lag the trainer, and a gate
+        on the trainer's version would admit trajectories that are already too stale. Groups a
+        resumed run must start again come first; GRPO groups share an env seed, and seeds advance so
+        the env's map set is covered."""
+        self.agent.apply_weights()  # between engine steps: a pending snapshot lands now
+        while self.gate.capacity(self.agent.version) >= self.cfg.group_size:
+            if self.readmit:
+                gid, seed = self.readmit.pop(0)
+            else:
+                gid, seed = self.next_gid, self.cfg.seed * 100_003 + self.next_gid
+                self.next_gid += 1
+            self.gate.on_start(self.cfg.group_size)
+            self.admitted += self.cfg.group_size
+            self.open[gid] = seed
+            for g in self.agent.start_group(gid, seed):
+                self._group_done(g)
+
     def _group_done(self, g: Any) -> None:
         ok = sum(t.ok for t in g.trajs)
         self.gate.on_finish(ok, accepted=True)
         self.gate.on_finish(len(g.trajs) - ok, accepted=False)  # failed: slots come back
-        self.groups.put(g)
+        self.open.pop(g.gid, None)
+        self.finished[g.gid] = g
 
     def unfinished(self) -> int:
-        """Trajectories admitted but not counted when the run stopped: groups queued for the trainer and
-        groups with a member still in flight (finished members of those groups included)."""
-        open_groups = {id(ep.group): ep.group for ep in self.agent.episodes.values()}
-        return sum(len(g.trajs) for g in open_groups.values()) + self.groups.qsize() * self.cfg.group_size
+        """Trajectories admitted but not counted when the run stopped: finished groups the trainer did
+        not take and groups still in flight."""
+        return (len(self.finished) + len(self.open)) * self.cfg.group_size
 
     # ------------------------------------------------------------ trainer thread
     def _take_groups(self) -> tuple[list[Any], float] | None:
-        """`prompts_per_step` finished groups (None if the run stops first) and the seconds waited."""
-        t_wait, groups = time.perf_counter(), []
-        while len(groups) < self.cfg.prompts_per_step:
-            try:
-                groups.append(self.groups.get(timeout=0.1))
-            except queue.Empty:
-                if self.stop.is_set():
-                    return None
-        return groups, time.perf_counter() - t_wait
+        """The next `prompts_per_step` groups in gid order once all have finished (None if the run
+        stops first), and the seconds waited. Taking groups in admission order makes the prompts of
+        every step the same in every run and across a resume; the gate bounds how far admission runs
+        ahead, so in-order taking never makes a trajectory staler than η."""
+        t_wait = time.perf_counter()
+        want = range(self.next_train_gid, self.next_train_gid + self.cfg.prompts_per_step)
+        while True:
+            with self.lock:
+                if all(g in self.finished for g in want):
+                    self.next_train_gid += len(want)
+                    return [self.finished.pop(g) for g in want], time.perf_counter() - t_wait
+            if self.stop.is_set() or self.stop_requested:
+                return None
+            time.sleep(0.005)
 
-    def _account(self, batch: list[Any], stale: int, failed: list[Any]) -> None:
-        """Count a step's trajectories once each; stale ones give their slots back to the gate."""
+    def _account(self, batch: list[Any], stale: int, failed: list[Any], skipped: bool) -> None:
+        """Count a step's trajectories once each. Stale ones, and a batch whose update was skipped (a
+        non-finite gradient), give their slots back to the gate, so admission never waits for a
+        version that a skipped update did not make."""
         with self.lock:
-            if stale:
-                self.gate.on_discard(stale)
+            back = stale + (len(batch) if skipped else 0)
+            if back:
+                self.gate.on_discard(back)
             self.counts["stale"] += stale
             self.counts["failed"] += len(failed)
-            self.counts["ok"] += len(batch)
+            self.counts["skipped" if skipped else "ok"] += len(batch)
             for t in failed:
                 self.fail_reasons[t.reason or "unknown"] = self.fail_reasons.get(t.reason or "unknown", 0) + 1
-            self.trained_staleness += [t.staleness(self.trainer.version) for t in batch]
+            if not skipped:
+                self.trained_staleness += [t.staleness(self.trainer.version - 1) for t in batch]
 
     def _update(self, batch: list[Any]) -> dict[str, Any]:
         """Train on `batch` (if any) and offer the new weights to the engines; the step's metrics."""
         if self.control is not None:
             self.batch_ready_t.append(self.control.clock.now)
         if not batch:  # every trajectory failed or was stale: no update, the run goes on
-            return {"version": self.trainer.version, "reward_mean": None, "success_rate": None}
+            return {"version": self.trainer.version, "reward_mean": None, "success_rate": None, "skipped": False}
         self.training = True
         try:
             tm = self.trainer.step(batch)
         finally:
             self.training = False
         m = {k: tm[k] for k in ("version", "loss", "grad_norm", "clip_fraction", "reward_mean", "reward_std",
-                                "staleness_mean", "staleness_max")}
+                                "staleness_mean", "staleness_max", "skipped")}
         m["success_rate"] = sum(map(_success, batch)) / len(batch)
-        self.agent.offer_weights(self.trainer.state_dict_snapshot(), self.trainer.version)
+        if not tm["skipped"]:
+            self.agent.offer_weights(self.trainer.state_dict_snapshot(), self.trainer.version)
+        return m
+
+    def _watch(self, m: dict[str, Any]) -> None:
+        """Divergence is reported, never a hang: `max_nonfinite_steps` skipped updates in a row end
+        the run with an error; `zero_grad_warn_steps` all-zero gradients in a row print a warning."""
+        cfg = self.cfg
+        self.nonfinite_in_row = self.nonfinite_in_row + 1 if m.get("skipped") else 0
+        if self.nonfinite_in_row >= cfg.max_nonfinite_steps:
+            raise TrainingDiverged(
+                f"training diverged: {self.nonfinite_in_row} updates in a row had a non-finite loss or gradient "
+                f"(trainer.lr is {cfg.trainer.lr:g}; try a smaller one); the last good weights are v{self.trainer.version}")
+        self.zero_grad_in_row = self.zero_grad_in_row + 1 if m.get("grad_norm") == 0.0 else 0
+        if self.zero_grad_in_row == cfg.zero_grad_warn_steps:
+            self.console.print(f"warning: the gradient was exactly zero for {self.zero_grad_in_row} steps in a row "
+                               f"(every group's rewards agree, or the weights saturated: trainer.lr is "
+                               f"{cfg.trainer.lr:g})", highlight=False, soft_wrap=True)
+
+    def _metrics(self, step: int, m: dict[str, Any], groups: list[Any], batch: list[Any], stale: int,
+                 failed: list[Any], wait_s: float, now: float) -> dict[str, Any]:
+        gen = self.agent.tokens_generated + self.agent.tokens_env
+        dt = max(now - self._last_t, 1e-9)
+        m.update({"trained": len(batch), "failed": len(failed), "stale": stale, "groups": [g.gid for g in groups],
+                  "max_traj_staleness": max((t.staleness(self.trainer.version - (1 if batch and not m["skipped"] else 0))
+                                             for t in batch), default=0),
+                  "wait_for_batch_s": round(wait_s, 4), "step_s": round(now - self._last_t, 4),
+                  "elapsed_s": round(now - self._t_start, 3),
+                  "trajectories_per_s": (len(batch) + len(failed) + stale) / dt,
+                  "tokens_per_s": (gen - self._tok_last) / dt, "layout": self.current_layout(),
+                  "failure_reasons": sorted({t.reason for t in failed})[:3]})
+        self._last_t, self._tok_last = now, gen
         return m
 
     def train(self) -> None:
         torch.set_num_threads(1)
         cfg = self.cfg
-        t_start = last = time.perf_counter()
-        tok_last = 0
+        self._t_start = self._last_t = time.perf_counter()
+        self._tok_last = 0
         try:
-            for step in range(1, cfg.max_steps + 1):
+            for step in range(self.start_step, cfg.max_steps + 1):
+                if self.stop_requested:
+                    return
                 got = self._take_groups()
                 if got is None:
                     return
                 groups, wait_s = got
                 batch, stale, failed = split_batch(groups, self.trainer.version, cfg.staleness)
-                self._account(batch, stale, failed)
-                m: dict[str, Any] = {"step": step, **self._update(batch)}
-                now = time.perf_counter()
-                gen = self.agent.tokens_generated + self.agent.tokens_env
-                m.update({"trained": len(batch), "failed": len(failed), "stale": stale,
-                          "max_traj_staleness": max((t.staleness(self.trainer.version - (1 if batch else 0))
-                                                     for t in batch), default=0),
-                          "wait_for_batch_s": round(wait_s, 4), "step_s": round(now - last, 4),
-                          "elapsed_s": round(now - t_start, 3),
-                          "trajectories_per_s": (len(batch) + len(failed) + stale) / max(now - last, 1e-9),
-                          "tokens_per_s": (gen - tok_last) / max(now - last, 1e-9), "layout": self.current_layout(),
-                          "failure_reasons": sorted({t.reason for t in failed})[:3]})
-                last, tok_last = now, gen
+                m = {"step": step, **self._update(batch)}
+                self._account(batch, stale, failed, m["skipped"])
+                m = self._metrics(step, m, groups, batch, stale, failed, wait_s, time.perf_counter())
                 self.history.append(m)
                 with open(self.out_dir / cfg.metrics_file, "a") as f:
                     f.write(json.dumps(m) + "\n")
                 if step % cfg.log_every == 0 or step == cfg.max_steps:
                     self._log(m)
+                self.steps_done = step
+                self._watch(m)
+                if self.on_step is not None:
+                    self.on_step(step)
         except BaseException as err:
             self.error = err
         finally:
@@ -297,67 +357,3 @@ class Run:
             f"ok/fail/stale {m['trained']}/{m['failed']}/{m['stale']}  "
             f"{m['trajectories_per_s']:.1f} traj/s  {m['tokens_per_s']:.0f} tok/s  "
             f"staleness≤{m['max_traj_staleness']}  " + escape(f"[{m['layout']}]"), highlight=False)
-
-
-def summarize(history: list[dict[str, Any]], run: Run, wall_s: float) -> dict[str, Any]:
-    rewards = [m["reward_mean"] for m in history if m["reward_mean"] is not None]
-    k = min(5, len(rewards))
-
-    def mean(xs: list[float]) -> float | None:
-        return sum(xs) / len(xs) if xs else None
-
-    st = run.trained_staleness
-    return {"name": run.cfg.name, "model": run.cfg.model, "env": run.cfg.env.name, "layout": run.layout,
-            "steps": len(history), "final_version": run.trainer.version, "wall_s": round(wall_s, 2),
-            "reward_first5": mean(rewards[:k]), "reward_last5": mean(rewards[-k:]) if k else None,
-            "success_last5": mean([m["success_rate"] for m in history[-5:] if m["success_rate"] is not None]),
-            "trajectories": dict(run.counts), "failure_reasons": dict(run.fail_reasons),
-            "trajectories_admitted": run.admitted, "trajectories_unfinished": run.unfinished(),
-            "staleness_eta": run.cfg.staleness, "staleness_max": max(st, default=0),
-            "staleness_mean": mean([float(x) for x in st]) or 0.0, "layout_decision": run.layout_decision,
-            "controller": run.control.summary() if run.control else {"policy": "fixed", "note": "the ray backend "
-                                                                     "keeps its first layout"},
-            "decisions": run.control.driver.decisions if run.control else [],
-            **run.agent.engine_stats()}
-
-
-def run_training(config_path: Path | None, overrides: dict[str, Any] | None, output: Path | None,
-                 console: Console | None = None) -> dict[str, Any]:
-    """Run `pearl train`; returns the summary (also saved as summary.json in the run directory)."""
-    console = console or Console()
-    cfg = load_train_config(config_path, overrides or {})
-    out_dir = Path(output or cfg.out_dir or Path("runs") / f"train-{cfg.name}")
-    out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / cfg.metrics_file).write_text("")
-    torch.set_num_threads(1)
-    t0 = time.perf_counter()
-    run = Run(cfg, console, out_dir)
-    console.print(f"[bold]pearl train[/] {cfg.name}: model {cfg.model}, env {cfg.env.name}, "
-                  f"{cfg.max_steps} steps × {cfg.prompts_per_step}×{cfg.group_size} trajectories, "
-                  f"η={cfg.staleness}, layout {run.layout} → {out_dir}", highlight=False)
-    d = run.layout_decision
-    console.print(f"layout {d['requested']} → {d['chosen']}: " + escape(d["reason"])
-                  + (escape(f" [{d['perf_model']}]") if "perf_model" in d else ""), highlight=False)
-    threads = [threading.Thread(target=run.rollout, name="pearl-rollout", daemon=True),
-               threading.Thread(target=run.train, name="pearl-trainer", daemon=True)]
-    for t in threads:
-        t.start()
-    try:
-        try:
-            threads[1].join()
-        finally:
-            run.stop.set()
-            threads[0].join(timeout=30)
-        if run.error is not None:
-            raise run.error
-        summary = summarize(run.history, run, time.perf_counter() - t0)
-    finally:
-        if run.backend is not None:  # Ray actors (and Ray itself, if this run started it)
-            run.backend.close()
-    (out_dir / cfg.summary_file).write_text(json.dumps(summary, indent=1))
-    f5, l5 = summary["reward_first5"], summary["reward_last5"]
-    fmt = lambda x: "-" if x is None else f"{x:.3f}"  # noqa: E731
-    console.print(f"[bold]done[/] in {summary['wall_s']:.1f} s: reward first-5 {fmt(f5)} → last-5 {fmt(l5)}; "
-                  f"trajectories ok/failed/stale {run.counts['ok']}/{run.counts['failed']}/{run.counts['stale']}; "
-                  f"max staleness {summary['staleness_max']} (η={cfg.staleness}); saved {out_dir}", highlight=False)
-    return summary

@@ -78,6 +78,17 @@ class TrainConfig(Frozen):
     metrics_file: str = "metrics.jsonl"
     summary_file: str = "summary.json"
     log_every: int = Field(default=1, ge=1)
+    # Checkpoints (`ckpt-<step>` in the run directory; `pearl train --resume RUN_DIR` continues from
+    # the newest whole one) every this many steps and at the end; the newest `keep_checkpoints` stay.
+    checkpoint_every: int = Field(default=10, ge=1)
+    keep_checkpoints: int = Field(default=2, ge=1)
+    # The policy in Hugging Face format (`policy-<step>`) every this many steps (0: only at the end,
+    # as `policy`).
+    save_policy_every: int = Field(default=0, ge=0)
+    # Divergence: this many updates in a row with a non-finite loss or gradient stop the run with an
+    # error; this many with an all-zero gradient print a warning.
+    max_nonfinite_steps: int = Field(default=3, ge=1)
+    zero_grad_warn_steps: int = Field(default=3, ge=1)
 
     @model_validator(mode="after")
     def _check(self) -> "TrainConfig":
