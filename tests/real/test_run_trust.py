@@ -153,3 +153,12 @@ def test_an_existing_run_directory_is_never_wiped_without_overwrite(tmp_path):
         run_training(None, {"max_stepz": 1}, tmp_path, QUIET)
     assert (tmp_path / "metrics.jsonl").read_text() == before
     assert (tmp_path / "config.yaml").exists()
+
+
+def test_synchronous_runs_with_the_same_seed_are_identical(tmp_path):
+    a = run_training(None, {"max_steps": 4, "staleness": 0}, tmp_path / "a", QUIET)
+    b = run_training(None, {"max_steps": 4, "staleness": 0}, tmp_path / "b", QUIET)
+    la, lb = ((tmp_path / d / "metrics.jsonl").read_text().splitlines() for d in "ab")
+    keys = ("groups", "reward_mean", "loss", "grad_norm", "version")
+    assert [{k: json.loads(x)[k] for k in keys} for x in la] == [{k: json.loads(x)[k] for k in keys} for x in lb]
+    assert a["reward_last5"] == b["reward_last5"]
