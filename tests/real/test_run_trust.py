@@ -162,3 +162,31 @@ def test_synchronous_runs_with_the_same_seed_are_identical(tmp_path):
     keys = ("groups", "reward_mean", "loss", "grad_norm", "version")
     assert [{k: json.loads(x)[k] for k in keys} for x in la] == [{k: json.loads(x)[k] for k in keys} for x in lb]
     assert a["reward_last5"] == b["reward_last5"]
+
+
+class SlowEnv:
+    """Every step takes 0.5 s (and nothing bounds it: timeout_s is off)."""
+
+    name, max_turns, allowed_actions, system_prompt = "slow", 4, ["U", "D"], ""
+
+    def __init__(self, **kwargs):
+        pass
+
+    def reset(self, seed: int) -> str:
+        return "go"
+
+    def step(self, text: str):
+        from pearl.envs import StepResult
+
+        time.sleep(0.5)
+        return StepResult("go", 0.0, False, {})
+
+
+def test_a_rollout_that_produces_nothing_ends_the_run_with_an_error_not_a_hang(tmp_path):
+    from pearl.errors import PearlError
+
+    t0 = time.monotonic()
+    with pytest.raises(PearlError, match="stall_timeout_s"):
+        run_training(None, {"max_steps": 2, "stall_timeout_s": 1.0, "group_size": 2,
+                            "env": {"name": f"{__name__}:SlowEnv", "kwargs": {}, "timeout_s": None}}, tmp_path, QUIET)
+    assert time.monotonic() - t0 < 30

@@ -252,6 +252,9 @@ class Run:
                     return [self.finished.pop(g) for g in want], time.perf_counter() - t_wait
             if self.stop.is_set() or self.stop_requested:
                 return None
+            if time.perf_counter() - t_wait > self.cfg.stall_timeout_s:  # no wait outlives its cause
+                raise PearlError(f"no batch in {self.cfg.stall_timeout_s:g} s (stall_timeout_s): groups "
+                                 f"{list(want)} did not finish; {len(self.open)} groups in flight")
             time.sleep(0.005)
 
     def _account(self, batch: list[Any], stale: int, failed: list[Any], skipped: bool) -> None:
@@ -352,8 +355,12 @@ class Run:
     def _log(self, m: dict[str, Any]) -> None:
         r = "   -  " if m["reward_mean"] is None else f"{m['reward_mean']:.3f}"
         s = "  -  " if m["success_rate"] is None else f"{m['success_rate']:.2f}"
-        self.console.print(
+        done = m["step"] - self.start_step + 1
+        eta = m["elapsed_s"] / max(done, 1) * (self.cfg.max_steps - m["step"])
+        skip = "  SKIPPED (non-finite)" if m.get("skipped") else ""
+        self.console.print(  # one line per step, never wrapped mid-field (soft_wrap) when not a terminal
             f"step {m['step']:>4}/{self.cfg.max_steps}  v{m['version']:<4} reward {r}  success {s}  "
             f"ok/fail/stale {m['trained']}/{m['failed']}/{m['stale']}  "
             f"{m['trajectories_per_s']:.1f} traj/s  {m['tokens_per_s']:.0f} tok/s  "
-            f"staleness≤{m['max_traj_staleness']}  " + escape(f"[{m['layout']}]"), highlight=False)
+            f"staleness≤{m['max_traj_staleness']}  ETA {eta:.0f} s  " + escape(f"[{m['layout']}]") + skip,
+            highlight=False, soft_wrap=True)

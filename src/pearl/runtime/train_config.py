@@ -89,6 +89,9 @@ class TrainConfig(Frozen):
     # error; this many with an all-zero gradient print a warning.
     max_nonfinite_steps: int = Field(default=3, ge=1)
     zero_grad_warn_steps: int = Field(default=3, ge=1)
+    # The trainer gives up (one-line error) when no batch completes for this long: a hung rollout
+    # never becomes a silent hang of the run.
+    stall_timeout_s: float = Field(default=600.0, gt=0, le=86400)
 
     @model_validator(mode="after")
     def _check(self) -> "TrainConfig":
