@@ -16,7 +16,7 @@ from pearl.errors import ConfigError
 from pearl.report import load_run, write_report
 from pearl.rl.trajectory import Trajectory
 from pearl.runtime.observe import RunLog
-from pearl.runtime.trace import sim_trace, timeline_rows
+from pearl.runtime.trace import cluster_spans, sim_trace, timeline_rows
 
 ROOT = Path(__file__).resolve().parents[1]
 PNG = b"\x89PNG\r\n\x1a\n"
@@ -130,6 +130,27 @@ def test_runlog_without_tensorboard_and_bad_span(tmp_path):
     assert not (tmp_path / "tensorboard").exists()
     assert json.loads((tmp_path / "samples.jsonl").read_text())["text"] is None
     assert json.loads((tmp_path / "trace.json").read_text())["traceEvents"] == []
+
+
+def test_runlog_takes_role_spans_from_a_cluster_state(tmp_path):
+    from pearl.control.state import ClusterState
+    from pearl.types import Pool, Role
+
+    st = ClusterState()
+    devs = [st.add_device(0.0, Pool.ROLLOUT) for _ in range(2)]
+    w0, w1 = (st.start_worker(0.0, (d,), Role.MIXED, 0) for d in devs)
+    st.worker_ready(0.5, w0)
+    st.worker_ready(0.5, w1)
+    st.set_role(2.0, w0, Role.PREFILL)
+    st.set_role(2.0, w1, Role.DECODE)
+    st.stop_worker(3.0, w1)
+    with RunLog(tmp_path, tensorboard=False) as log:
+        cluster_spans(st.timeline(), 4.0, log)
+    doc = json.loads((tmp_path / "trace.json").read_text())
+    check_trace(doc)
+    rows = dict(timeline_rows(doc))
+    assert [s for _, _, s, _ in rows["device 0"]] == ["loading", "mixed", "prefill"]
+    assert [s for _, _, s, _ in rows["device 1"]] == ["loading", "mixed", "decode", "idle"]
 
 
 # ------------------------------------------------------------------------------------------ sim traces

@@ -104,7 +104,7 @@ def _train_run(d: Path) -> dict[str, Any]:
             "table": table, "time_unit": "wall s"}
 
 
-def _sim_run(res: dict[str, Any], path: Path) -> dict[str, Any]:
+def _sim_run(res: dict[str, Any]) -> dict[str, Any]:
     ps = res.get("per_step") or []
     t_end = [s["t_end"] for s in ps]
     thr = res.get("throughput", {})
@@ -149,7 +149,7 @@ def load_run(path: Path, trace: Path | None = None) -> dict[str, Any]:
         res = _read_json(path)
         if not isinstance(res, dict) or "per_step" not in res or "throughput" not in res:
             raise ConfigError(f"{path} is not a pearl simulate result (no per_step/throughput)")
-        run = _sim_run(res, path)
+        run = _sim_run(res)
     tp = _trace_path(path, trace)
     run["trace"] = _read_json(tp) if tp is not None else None
     run["trace_path"] = tp

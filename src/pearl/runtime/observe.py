@@ -21,7 +21,9 @@ Files in `out_dir` (created if missing; a new `RunLog` starts metrics.jsonl and 
 - `trace.json`, written by `close`: a Chrome trace (see `pearl.runtime.trace`; open it in Perfetto).
   Times passed to `span`/`instant` are seconds on any common origin (e.g. the controller's
   `WallClock.now`). Tracks "worker N" with `cat="role"` spans named by role, and "trainer" with
-  `cat="train"` spans, are what `pearl report` draws as the role timeline.
+  `cat="train"` spans, are what `pearl report` draws as the role timeline;
+  `pearl.runtime.trace.cluster_spans(control.state.timeline(), end_s, log)` writes such role spans
+  for every worker and device slot from the controller's `ClusterState`.
 
 Every method may be called from several threads at once (the rollout and trainer threads both do):
 one lock serialises them. `close` is idempotent; calls after it raise `RuntimeError`.

@@ -13,6 +13,7 @@ Conventions that `pearl report` reads (its role timeline):
   True on a lent train device serving rollout;
 - a span with `cat="train"` on the "trainer" track is one training step.
 
+`cluster_spans(timeline, end_s, sink)` turns a `ClusterState` event log into those role spans;
 `sim_trace(sim)` builds the trace of a finished `pearl.runtime.sim.Simulator` from its cluster event
 log (`sim.state.timeline()`), its training steps (`sim.steps`) and its controller's decisions
 (`sim.driver.decisions`). `pearl simulate --trace PATH` writes it. `Trace` is not thread-safe:
@@ -24,8 +25,8 @@ from __future__ import annotations
 import re
 from typing import Any
 
-__all__ = ["ROLE_CAT", "STATES", "TRAIN_CAT", "Trace", "sim_trace", "state_shares", "timeline_rows", "track_group",
-           "tracks"]
+__all__ = ["ROLE_CAT", "STATES", "TRAIN_CAT", "Trace", "cluster_spans", "sim_trace", "state_shares", "timeline_rows",
+           "track_group", "tracks"]
 
 ROLE_CAT = "role"
 TRAIN_CAT = "train"
@@ -101,7 +102,7 @@ class Trace:
 class _Open:
     """One open span per track; switching a track closes its span (zero-length spans are dropped)."""
 
-    def __init__(self, trace: Trace):
+    def __init__(self, trace: Any):
         self.trace = trace
         self.open: dict[str, tuple[str, float, dict[str, Any]]] = {}
 
@@ -117,10 +118,10 @@ class _Open:
             self.switch(track, max(t, self.open[track][1]), None)
 
 
-class _SimRoles:
+class _Roles:
     """Device and worker tracks from the cluster event log."""
 
-    def __init__(self, trace: Trace):
+    def __init__(self, trace: Any):
         self.spans = _Open(trace)
         self.trace = trace
         self.lent: set[int] = set()
@@ -180,15 +181,23 @@ class _SimRoles:
             self.trace.instant("revocation notice", t, f"device {e['dev']}", {"at": e["at"]})
 
 
+def cluster_spans(events: list[dict[str, Any]], end_s: float, sink: Any) -> None:
+    """Role spans ("device N" and "worker N" tracks, `cat="role"`) from a `ClusterState.timeline()`,
+    written to `sink` (a `Trace`, or a `pearl.runtime.observe.RunLog`: anything with `span` and
+    `instant`); spans still open at `end_s` end there. `pearl train` can pass its controller's
+    `RealControl.state.timeline()` and clock time before closing its RunLog."""
+    roles = _Roles(sink)
+    for e in events:
+        roles.apply(e)
+    roles.spans.close_all(end_s)
+
+
 def sim_trace(sim: Any) -> dict[str, Any]:
     """The Chrome trace of a finished simulator run: device and worker roles over time, the trainer's
     steps (and its waits for lent devices), the controller's decisions as instants."""
     trace = Trace()
     end = float(sim.clock.now)
-    roles = _SimRoles(trace)
-    for e in sim.state.timeline():
-        roles.apply(e)
-    roles.spans.close_all(end)
+    cluster_spans(sim.state.timeline(), end, trace)
     for s in sim.steps:
         if s["t_start"] > s["t_ready"]:
             trace.span("wait for devices", "wait", s["t_ready"], min(s["t_start"], end), "trainer")
