@@ -45,6 +45,7 @@ def simulate(
     duration: Optional[float] = typer.Option(None, help="Override duration_s (virtual seconds)."),
     set_: list[str] = typer.Option([], "--set", help="Override any field: --set rl.staleness=2 (repeatable)."),
     output: Optional[Path] = typer.Option(None, "--out", help="Result JSON path (default runs/<name>-<policy>-s<seed>.json)."),
+    trace: Optional[Path] = typer.Option(None, "--trace", help="Also write a Chrome trace (roles, steps, decisions) here; open it in Perfetto."),
 ) -> None:
     """Run a scenario in virtual time and print/save throughput, utilisation, concurrency, staleness."""
     from pearl.config import ScenarioConfig, load_config
@@ -60,10 +61,19 @@ def simulate(
         over["duration_s"] = duration
     cfg = load_config(scenario, ScenarioConfig, over)
     with out.status(f"simulating {cfg.name} ({cfg.policy.name}, {cfg.duration_s:.0f} virtual s)"):
-        res = Simulator(cfg).run()
+        sim = Simulator(cfg)
+        res = sim.run()
     path = save(res, output or Path("runs") / f"{cfg.name}-{cfg.policy.name}-s{cfg.seed}.json")
     _print_result(res)
     out.print(f"saved {path}")
+    if trace is not None:
+        import json
+
+        from pearl.runtime.trace import sim_trace
+
+        trace.parent.mkdir(parents=True, exist_ok=True)
+        trace.write_text(json.dumps(sim_trace(sim)))
+        out.print(f"saved trace {trace}")
 
 
 def _print_result(r: dict[str, Any]) -> None:
@@ -133,6 +143,19 @@ def train(
     except RunInterrupted as e:  # a clean stop, not an error: say how to continue
         print(str(e), file=sys.stderr)
         raise typer.Exit(e.exit_code) from None
+
+
+@app.command()
+def report(
+    run: Path = typer.Argument(..., help="A pearl train run directory, or a pearl simulate result JSON."),
+    output: Optional[Path] = typer.Option(None, "--out", help="Where to write the PNGs and report.html (default: the run directory, or <result>-report/)."),
+    trace: Optional[Path] = typer.Option(None, "--trace", help="Chrome trace for the role timeline (default: RUN/trace.json, or <result>-trace.json beside a result)."),
+) -> None:
+    """Plot a run (reward, throughput, staleness, utilisation, role timeline) into PNGs and report.html."""
+    from pearl.report import write_report
+
+    page = write_report(run, output, trace)
+    out.print(f"saved {page}")
 
 
 @app.command()
