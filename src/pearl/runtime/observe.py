@@ -85,14 +85,17 @@ def _segments(tokenizer: Any, ids: list[int], mask: list[int]) -> list[dict[str,
 class RunLog:
     """Metrics, sample trajectories, TensorBoard scalars and a Chrome trace of one run."""
 
-    def __init__(self, out_dir: Path, tensorboard: bool = True):
+    def __init__(self, out_dir: Path, tensorboard: bool = True, resume: bool = False):
+        """`resume`: continue a run's files (a resumed run keeps its metrics and samples so far)."""
         self.out_dir = Path(out_dir)
         self.out_dir.mkdir(parents=True, exist_ok=True)
         self.metrics_path = self.out_dir / "metrics.jsonl"
         self.samples_path = self.out_dir / "samples.jsonl"
         self.trace_path = self.out_dir / "trace.json"
-        self.metrics_path.write_text("")
-        self.samples_path.write_text("")
+        if not resume or not self.metrics_path.exists():
+            self.metrics_path.write_text("")
+        if not resume or not self.samples_path.exists():
+            self.samples_path.write_text("")
         self._lock = threading.Lock()
         self._trace = Trace()
         self._steps = 0

@@ -29,7 +29,6 @@ Every trajectory is counted exactly once as trained (ok), failed (with its reaso
 from __future__ import annotations
 
 import copy
-import json
 import threading
 import time
 from pathlib import Path
@@ -113,6 +112,8 @@ class Run:
         self.start_step = 1
         self.steps_done = 0
         self.on_step: Any = None  # called with the step number after each step (checkpoints)
+        self.log: Any = None  # a pearl.runtime.observe.RunLog (metrics, samples, trace), set by the caller
+        self._t0 = time.perf_counter()
         self.nonfinite_in_row = 0
         self.zero_grad_in_row = 0
         self.fail_reasons: dict[str, int] = {}
@@ -177,6 +178,10 @@ class Run:
                 return self._engine(role, idx, share=self.agent.engines[live[0]] if live else None)
 
             self.control = RealControl(self.agent, cfg.policy, self.setting, make_engine, self._trainer_obs)
+
+    def now(self) -> float:
+        """Seconds on the run's one clock (the controller's, when there is one): trace times."""
+        return self.control.clock.now if self.control is not None else time.perf_counter() - self._t0
 
     def current_layout(self) -> str:
         return self.layout if self.control is None else str(self.control.state.shape())
@@ -279,11 +284,17 @@ class Run:
             self.batch_ready_t.append(self.control.clock.now)
         if not batch:  # every trajectory failed or was stale: no update, the run goes on
             return {"version": self.trainer.version, "reward_mean": None, "success_rate": None, "skipped": False}
-        self.training = True
+        self.training, t0 = True, self.now()
+        if self.control is not None:
+            self.control.training(True)
         try:
             tm = self.trainer.step(batch)
         finally:
             self.training = False
+            if self.control is not None:
+                self.control.training(False)
+            self.log.span(f"step {self.trainer.version}", "train", t0, self.now(), "trainer",
+                          {"trajectories": len(batch)})
         m = {k: tm[k] for k in ("version", "loss", "grad_norm", "clip_fraction", "reward_mean", "reward_std",
                                 "staleness_mean", "staleness_max", "skipped")}
         m["success_rate"] = sum(map(_success, batch)) / len(batch)
@@ -339,8 +350,8 @@ class Run:
                 self._account(batch, stale, failed, m["skipped"])
                 m = self._metrics(step, m, groups, batch, stale, failed, wait_s, time.perf_counter())
                 self.history.append(m)
-                with open(self.out_dir / cfg.metrics_file, "a") as f:
-                    f.write(json.dumps(m) + "\n")
+                self.log.step(m)
+                self.log.samples(step, batch or groups[0].trajs, self.loaded.tokenizer)
                 if step % cfg.log_every == 0 or step == cfg.max_steps:
                     self._log(m)
                 self.steps_done = step

@@ -12,6 +12,7 @@ All calls run on the rollout thread, between engine steps: the controller ticks 
 """
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -36,6 +37,7 @@ class RealControl:
         n = len(agent.engines)
         self.rollout = [self.state.add_device(0.0, Pool.ROLLOUT, node=0) for _ in range(n)]
         self.train_device = self.state.add_device(0.0, Pool.TRAIN, node=0)
+        self.lock = threading.Lock()  # the trainer thread records training; the rollout thread the rest
         self.wid_of: dict[int, int] = {}  # engine index -> ClusterState worker id
         self.engine_of: dict[int, int] = {}
         for i, e in enumerate(agent.engines):
@@ -45,12 +47,22 @@ class RealControl:
 
     def _register(self, idx: int, devices: tuple[int, ...], role: Role) -> None:
         t = self.clock.now
-        wid = self.state.start_worker(t, devices, Role(role), 0)
-        self.state.worker_ready(t, wid)
+        with self.lock:
+            wid = self.state.start_worker(t, devices, Role(role), 0)
+            self.state.worker_ready(t, wid)
         self.wid_of[idx], self.engine_of[wid] = wid, idx
 
     # ------------------------------------------------------------------ observing
+    def training(self, busy: bool) -> None:
+        """The trainer starts or ends a step on its device (called from the trainer thread)."""
+        with self.lock:
+            self.state.set_training(self.clock.now, [self.train_device], busy)
+
     def observe(self, tick: bool) -> Observation:
+        with self.lock:
+            return self._observe(tick)
+
+    def _observe(self, tick: bool) -> Observation:
         t, ag = self.clock.now, self.agent
         if tick:  # ∫ trajectories in flight dt, brought up to now
             self._active_integral += len(ag.episodes) * (t - self._last_t)
@@ -81,7 +93,8 @@ class RealControl:
         if idx is None or idx in self.agent.stopped:
             return
         self.agent.stop_engine(idx, migrate=migrate)
-        self.state.stop_worker(self.clock.now, worker)
+        with self.lock:
+            self.state.stop_worker(self.clock.now, worker)
 
     def drain(self, worker: int) -> None:
         idx = self.engine_of.get(worker)
@@ -93,7 +106,8 @@ class RealControl:
         if idx is None or idx in self.agent.stopped:
             return
         self.agent.set_role(idx, role)
-        self.state.set_role(self.clock.now, worker, role)
+        with self.lock:
+            self.state.set_role(self.clock.now, worker, role)
 
     def lend(self, devices: tuple[int, ...], deadline: float) -> None:
         raise NotImplementedError("pearl train does not lend the trainer's device yet (policy.borrow is off)")

@@ -75,8 +75,6 @@ class TrainConfig(Frozen):
     policy: TrainPolicy = TrainPolicy()
     backend: Literal["local", "ray"] = "local"  # ray: each rollout worker is a Ray actor (may span machines)
     out_dir: str | None = None  # default runs/train-<name>
-    metrics_file: str = "metrics.jsonl"
-    summary_file: str = "summary.json"
     log_every: int = Field(default=1, ge=1)
     # Checkpoints (`ckpt-<step>` in the run directory; `pearl train --resume RUN_DIR` continues from
     # the newest whole one) every this many steps and at the end; the newest `keep_checkpoints` stay.

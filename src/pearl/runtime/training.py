@@ -40,6 +40,8 @@ from rich.markup import escape
 from pearl.errors import ConfigError, PearlError
 from pearl.rl.trajectory import Group, Trajectory
 from pearl.runtime.checkpoint import latest_checkpoint, rng_state, save_checkpoint, save_policy, set_rng_state
+from pearl.runtime.observe import RunLog
+from pearl.runtime.trace import cluster_spans
 from pearl.runtime.real import Run
 from pearl.runtime.train_config import TrainConfig, load_train_config, parse_train_config
 
@@ -209,7 +211,6 @@ def _start(config_path: Path | None, overrides: dict[str, Any], output: Path | N
         cfg = load_train_config(config_path, overrides)
         out_dir = _run_dir(cfg, output, overwrite)
         (out_dir / "config.yaml").write_text(yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False))
-        (out_dir / cfg.metrics_file).write_text("")
         return cfg, out_dir, None
     if config_path is not None or output is not None:
         raise ConfigError("--resume continues a run with its saved config and directory: drop CONFIG and --out")
@@ -222,7 +223,7 @@ def _start(config_path: Path | None, overrides: dict[str, Any], output: Path | N
         raise ConfigError(f"--resume {resume}: its checkpoint is at step {state['step']} and max_steps is "
                           f"{cfg.max_steps}; raise it (--set max_steps=N) to train further")
     lines = [json.dumps(m) for m in state["history"]]  # steps after the checkpoint are trained again
-    (Path(resume) / cfg.metrics_file).write_text("".join(x + "\n" for x in lines))
+    (Path(resume) / "metrics.jsonl").write_text("".join(x + "\n" for x in lines))
     return cfg, Path(resume), state
 
 
@@ -244,6 +245,7 @@ def run_training(config_path: Path | None, overrides: dict[str, Any] | None, out
     torch.set_num_threads(1)
     t0 = time.perf_counter()
     run = Run(cfg, console, out_dir)
+    run.log = RunLog(out_dir, resume=state is not None)
     saver = _Saver(run, out_dir)
     run.on_step = saver
     if state is not None:
@@ -262,8 +264,9 @@ def run_training(config_path: Path | None, overrides: dict[str, Any] | None, out
             for t in threads:
                 t.start()
             _join(run, threads)
+        _close_log(run)
         summary = summarize(run.history, run, time.perf_counter() - t0)
-        (out_dir / cfg.summary_file).write_text(json.dumps(summary, indent=1))
+        (out_dir / "summary.json").write_text(json.dumps(summary, indent=1))
         if run.error is not None:
             raise run.error
         saver.checkpoint(run.steps_done)
@@ -278,6 +281,16 @@ def run_training(config_path: Path | None, overrides: dict[str, Any] | None, out
                                                  f"checkpoint and summary saved; continue with "
                                                  f"pearl train --resume {out_dir}")
     return summary
+
+
+def _close_log(run: Run) -> None:
+    """The trace's worker role spans (from the run's cluster timeline) and controller decisions, then
+    trace.json, TensorBoard and the JSONL files are closed."""
+    if run.control is not None:
+        cluster_spans(run.control.state.timeline(), run.now(), run.log)
+        for d in run.control.driver.decisions:
+            run.log.instant(f"{d['rule']}", d["t"], "controller", {"reason": d["reason"], "switch": d["switch"]})
+    run.log.close()
 
 
 def _report(console: Console, summary: dict[str, Any], run: Run, out_dir: Path) -> None:
