@@ -89,6 +89,15 @@ def test_the_older_request_cannot_grow_the_later_admitted_one_is_preempted():
     _assert_new_preempted(s, old, new)
 
 
+def test_the_later_request_cannot_grow_it_is_preempted_not_the_older_one():
+    # 5 blocks: both hold 2; the free block goes to "old" (oldest first) and "new", which also needs a
+    # third block, is preempted itself; "old", already scheduled in this step, keeps its KV.
+    s, old, new = _two_decoding(5, 32, 32)
+    batch = run_step(s)
+    assert [r for r, _ in batch.items] == [old]
+    _assert_new_preempted(s, old, new)
+
+
 def test_a_preempted_request_is_recomputed_first_and_completes():
     # 10 blocks: both decode until the cache is full, "new" is preempted, "old" finishes (131 tokens,
     # 9 blocks, retained idle) and is evicted when "new" is admitted again with its whole context.
