@@ -109,3 +109,20 @@ def test_a_preempted_request_is_recomputed_first_and_completes():
     assert s.preemptions >= 1
     for r in (old, new):
         assert r.status is RequestStatus.FINISHED and r.num_generated == 100
+
+
+# ------------------------------------------------------------------ leaving
+def test_abort_keeping_kv_retains_exactly_the_computed_tokens():
+    s = Scheduler(Role.MIXED, BlockManager(100, 16), max_batched_tokens=100)
+    r = Request(1, "a", 250, 5)
+    s.add(r)
+    run_step(s)  # admission reserved all 250 tokens; 100 are computed
+    assert s.blocks.held("a") == 250 and r.num_computed == 100
+    s.abort(r, release=False)
+    s.blocks.check()
+    assert s.blocks.held("a") == 100 and "a" in s.blocks.idle  # retained, evictable
+    again = Request(1, "a", 250, 5)
+    s.add(again)
+    assert again.num_computed == 100 and "a" not in s.blocks.idle
+    s.abort(again)  # released
+    assert s.blocks.held("a") == 0 and s.blocks.used_blocks == 0

@@ -99,3 +99,29 @@ def test_check_detects_broken_accounting():
     b.idle_blocks += 1
     with pytest.raises(AssertionError, match="idle block count"):
         b.check()
+
+
+class Recorder:
+    """Storage that records what the table tells it."""
+
+    def __init__(self):
+        self.calls: list[tuple] = []
+
+    def free(self, session: str) -> None:
+        self.calls.append(("free", session))
+
+    def truncate(self, session: str, n: int) -> None:
+        self.calls.append(("truncate", session, n))
+
+
+def test_attached_storage_follows_every_release_truncation_and_eviction():
+    b, st = BlockManager(4, 16), Recorder()
+    b.attach(st)
+    b.grow("a", 40)
+    b.truncate("a", 20)
+    b.truncate("a", 30)  # not a truncation: nothing to tell
+    b.set_idle("a")
+    b.grow("b", 48)  # 3 blocks, 2 free: "a" is evicted
+    b.release("b")
+    b.check()
+    assert st.calls == [("truncate", "a", 20), ("free", "a"), ("free", "b")]

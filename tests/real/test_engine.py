@@ -233,6 +233,7 @@ def test_without_retention_sessions_leave_no_kv(lm, prompts):
 def assert_one_kv_truth(e: TorchEngine) -> None:
     """The block table says which sessions hold how many tokens of KV; the tensors never disagree."""
     e.blocks.check()
+    e.kv.check()
     held = e.blocks.tokens
     assert set(e.kv.sessions()) <= set(held), "KV tensors for a session the block table does not hold"
     for s in e.kv.sessions():
@@ -270,3 +271,9 @@ def test_kv_tensors_follow_the_block_table_through_preemption_eviction_reuse_and
     e.drop_session("s2")
     assert "s2" not in e.kv.sessions() and e.holds("s2") == 0
     assert_one_kv_truth(e)
+    r3 = e.add_request(prompts[2], GREEDY, session="s3")  # aborted mid-prefill, keeping its KV
+    e.step()
+    assert 0 < r3.num_computed < len(prompts[2])
+    e.abort(r3.rid, keep_kv=True)
+    assert_one_kv_truth(e)
+    assert e.holds("s3") == r3.num_computed

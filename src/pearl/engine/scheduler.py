@@ -62,18 +62,23 @@ class Scheduler:
         """The request is done: keep its session's KV for the next turn (idle, evictable) or free it."""
         self._remove(req)
         req.status = RequestStatus.FINISHED
-        if retain:
+        self._leave(req, retain)
+
+    def abort(self, req: Request, release: bool = True) -> Request:
+        """Take a request out (migration, revocation). Its generated tokens stay on the request; unless
+        `release`, its computed KV is retained like a finished turn's."""
+        self._remove(req)
+        req.status = RequestStatus.ABORTED
+        self._leave(req, not release)
+        return req
+
+    def _leave(self, req: Request, retain: bool) -> None:
+        """Retain exactly the computed KV (idle, evictable; a prefill's unused reservation is freed)."""
+        if retain and req.num_computed > 0:
+            self.blocks.truncate(req.session, req.num_computed)
             self.blocks.set_idle(req.session)
         else:
             self.blocks.release(req.session)
-
-    def abort(self, req: Request, release: bool = True) -> Request:
-        """Take a request out (migration, revocation). Its generated tokens stay on the request."""
-        self._remove(req)
-        req.status = RequestStatus.ABORTED
-        if release:
-            self.blocks.release(req.session)
-        return req
 
     def _remove(self, req: Request) -> None:
         if req in self.running:
