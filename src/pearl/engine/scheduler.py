@@ -4,11 +4,13 @@ One call to `schedule()` picks the next engine step: decodes first (one token ea
 chunks FIFO within the token budget. KV admission: a request is admitted only when its whole prompt
 fits (idle sessions are evicted LRU first); if a decode cannot grow, the newest running request (the
 last admitted, possibly the decode itself, never one already in the step's batch) is preempted and
-recomputed later from 0 computed tokens. Roles: `mixed` does both; `prefill` only prefills (its requests are
-`prefill_only`); `decode` decodes imported requests and recomputes preempted ones.
+recomputed later from 0 computed tokens. Roles: `mixed` does both; `prefill` only prefills (its
+requests are `prefill_only`); `decode` decodes imported requests and recomputes preempted ones.
 
-The real engine drives this one step at a time; the emulated engine implements the same policy with
-fast-forward over identical decode steps (see `pearl.engine.emulated`, and the parity test).
+The real engine drives this one step at a time. The emulated engine (the simulator's) does not call
+it: it fast-forwards many identical steps at once and follows most of these rules, not all; its
+docstring ("Where this differs from Scheduler and why") lists each point, and
+`tests/engine/test_parity.py` checks the shared ones against this class.
 """
 from __future__ import annotations
 
