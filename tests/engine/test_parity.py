@@ -13,6 +13,11 @@ plans chunks as a FIFO fluid over a segment). In the workloads below, where ever
 one step's budget, the observed difference is 0. With prompts longer than the budget the emulated
 engine falls behind by more than that (see the two xfail tests: the fast-forward admits waiting
 prefills only at segment boundaries, so the leftover budget of a long prefill's last step is lost).
+
+The `test_same_rule_*` tests check, one by one, the policy points that `pearl.engine.emulated` lists
+as SAME in "Where this differs from Scheduler and why": FIFO admission under max_num_seqs, decodes
+first then prefill chunks within the budget, prefix reuse, and the preemption victim (the newest,
+recomputed from 0; with KV in one-token blocks, as the emulated engine counts it).
 """
 from __future__ import annotations
 
@@ -117,9 +122,18 @@ def next_turn(req: Request) -> Request | None:
     return None
 
 
-def drive_scheduler(arrivals: list[tuple[int, Request]], mbt: int) -> dict[int, int]:
-    """One schedule() per step; returns rid -> the step (1-based) whose end finished it."""
-    s = Scheduler(Role.MIXED, BlockManager(1_000_000, 16), max_num_seqs=256, max_batched_tokens=mbt)
+def drive_scheduler(arrivals: list[tuple[int, Request]], mbt: int, *, max_num_seqs: int = 256,
+                    kv: int | None = None, turns=next_turn, log: dict | None = None) -> dict[int, int]:
+    """One schedule() per step; returns rid -> the step (1-based) whose end finished it.
+
+    `kv`: a KV capacity in tokens (blocks of one token, as the emulated engine counts); default: KV
+    never binds. `log` receives the preempted rids in order ("victims") and Σ prefill tokens."""
+    blocks = BlockManager(1_000_000, 16) if kv is None else BlockManager(kv, 1)
+    s = Scheduler(Role.MIXED, blocks, max_num_seqs=max_num_seqs, max_batched_tokens=mbt)
+    log = {} if log is None else log
+    log.update(victims=[], prefilled=0)
+    preempt = s._preempt
+    s._preempt = lambda r: (log["victims"].append(r.rid), preempt(r))  # type: ignore[method-assign]
     todo = deque(sorted(arrivals, key=lambda a: a[0]))
     follow: list[Request] = []  # next turns enter the queue before arrivals of the same step
     step, done = 0, {}
@@ -135,6 +149,7 @@ def drive_scheduler(arrivals: list[tuple[int, Request]], mbt: int) -> dict[int, 
         step += 1
         if batch is None:
             continue
+        log["prefilled"] += batch.prefill_tokens
         sampled = batch.samples()
         for r in sampled:
             r.append_token()
@@ -143,15 +158,30 @@ def drive_scheduler(arrivals: list[tuple[int, Request]], mbt: int) -> dict[int, 
             if r.done_generating:
                 s.finish(r)
                 done[r.rid] = step
-                nxt = next_turn(r)
+                nxt = turns(r) if turns else None
                 if nxt is not None:
                     follow.append(nxt)
     return done
 
 
-def drive_emulated(arrivals: list[tuple[int, Request]], mbt: int) -> dict[int, int]:
-    rig = Rig(max_batched_tokens=mbt, follow=lambda r, t: next_turn(r))
+def drive_emulated(arrivals: list[tuple[int, Request]], mbt: int, *, max_num_seqs: int = 256,
+                   kv: int = 10**9, turns=next_turn, log: dict | None = None) -> dict[int, int]:
+    """As `drive_scheduler`, with the EmulatedEngine (arrival k at time k·DT)."""
+    rig = Rig(max_batched_tokens=mbt, max_num_seqs=max_num_seqs, kv=kv,
+              follow=(lambda r, t: turns(r)) if turns else None)
+    log = {} if log is None else log
+    log["victims"] = []
+    eng, preempt = rig.eng, rig.eng._preempt_newest
+
+    def logged() -> bool:
+        before = set(eng.dec)
+        ok = preempt()
+        log["victims"] += [r.rid for r in before - set(eng.dec)]
+        return ok
+
+    eng._preempt_newest = logged  # type: ignore[method-assign]
     rig.run([(k * DT, r) for k, r in arrivals])
+    log["prefilled"] = eng.tokens_prefilled
     return {rid: round(t / DT) for rid, t in rig.done.items()}
 
 
@@ -187,3 +217,63 @@ def test_scheduler_parity_with_a_small_budget_and_short_prompts():
 @pytest.mark.xfail(strict=True, reason=FAST_FORWARD_BUG)
 def test_scheduler_parity_when_prompts_exceed_the_budget():
     assert_parity(0, 1024, 6000)  # the emulated engine drifts several steps behind
+
+
+# ------------------------------------------------------------------ the rules that are the same
+# (see "Where this differs from Scheduler and why" in pearl.engine.emulated for the rest)
+def test_same_rule_fifo_admission_bounded_by_max_num_seqs():
+    # Three running at most: the rest wait in arrival order and start as slots free up, in both.
+    for seed in range(3):
+        args = dict(mbt=1024, max_num_seqs=3, turns=None)
+        sched = drive_scheduler(requests(seed, 800), **args)
+        emu = drive_emulated(requests(seed, 800), **args)
+        assert emu == sched
+
+
+def test_same_rule_decodes_first_then_prefill_chunks_within_the_budget():
+    # Three decodes take 3 tokens of each 1024-token step; prompts arriving at steps 3 and 40 get the
+    # other 1021: 4096 tokens take 5 steps (4 alone), 3064 take 4 (3 alone), in both.
+    def arrivals():
+        return [(0, Request(1, "a", 30, 200)), (0, Request(2, "b", 40, 200)), (0, Request(3, "c", 50, 200)),
+                (3, Request(4, "d", 4096, 20)), (40, Request(5, "e", 3064, 20))]
+
+    sched = drive_scheduler(arrivals(), 1024, turns=None)
+    assert sched[4] == 3 + 5 + 19 and sched[5] == 40 + 4 + 19
+    assert drive_emulated(arrivals(), 1024, turns=None) == sched
+    alone = [(0, Request(1, "a", 3000, 1))]  # the pinned case: 3000 tokens at 1024 are 3 steps
+    assert drive_scheduler(alone, 1024, turns=None) == {1: 3}
+    assert drive_emulated([(0, Request(1, "a", 3000, 1))], 1024, turns=None) == {1: 3}
+
+
+def test_same_rule_prefix_reuse_prefills_only_the_new_tokens():
+    # Three turns of sessions s1..s8 (next_turn): both prefill exactly the same tokens in total.
+    s_log, e_log = {}, {}
+    drive_scheduler(requests(5, 3000), 8192, log=s_log)
+    drive_emulated(requests(5, 3000), 8192, log=e_log)
+    assert s_log["prefilled"] == e_log["prefilled"]
+    first_turns = sum(r.num_tokens for _, r in requests(5, 3000))
+    assert s_log["prefilled"] == first_turns + 16 * (150 + 1)  # each later turn: observation + 1
+
+    def again(r: Request) -> Request | None:  # the same context again: all of it is retained here...
+        return Request(r.rid + 1000, r.session, r.num_tokens - 1, 3) if r.rid < 1000 else None
+
+    drive_scheduler(requests(5, 3000), 8192, turns=again, log=s_log)
+    drive_emulated(requests(5, 3000), 8192, turns=again, log=e_log)
+    assert s_log["prefilled"] == e_log["prefilled"] == first_turns + 20  # ...but its last token is recomputed
+
+
+@pytest.mark.parametrize("cap", [800, 850, 1000, 1200])
+def test_same_rule_preemption_victim_is_the_newest_and_recomputes(cap):
+    # KV (in tokens) fills while three requests decode: the newest is preempted (then, if needed, the
+    # next newest), recomputed from scratch after the older ones, which keep their KV. The emulated
+    # engine preempts one step earlier (it keeps room for the next step): ±1 step on the victims.
+    def arrivals():
+        return [(0, Request(1, "a", 300, 200)), (2, Request(2, "b", 200, 200)), (4, Request(3, "c", 250, 200))]
+
+    s_log, e_log = {}, {}
+    sched = drive_scheduler(arrivals(), 8192, kv=cap, turns=None, log=s_log)
+    emu = drive_emulated(arrivals(), 8192, kv=cap, turns=None, log=e_log)
+    assert s_log["victims"] == e_log["victims"] and s_log["victims"][0] == 3 and 1 not in s_log["victims"]
+    assert by_completion(emu) == by_completion(sched) == [1, 2, 3]
+    assert sched[1] == emu[1] == 200  # the oldest is never disturbed
+    assert all(abs(emu[r] - sched[r]) <= 1 for r in sched)

@@ -228,3 +228,52 @@ def test_without_retention_sessions_leave_no_kv(lm, prompts):
     e = engine(lm, retain_sessions=False)
     e.generate(prompts, GREEDY, sessions=["a", "b", "c"])
     assert e.kv.sessions() == [] and e.kv_used() == 0 and e.holds("a") == 0
+
+
+def assert_one_kv_truth(e: TorchEngine) -> None:
+    """The block table says which sessions hold how many tokens of KV; the tensors never disagree."""
+    e.blocks.check()
+    e.kv.check()
+    held = e.blocks.tokens
+    assert set(e.kv.sessions()) <= set(held), "KV tensors for a session the block table does not hold"
+    for s in e.kv.sessions():
+        assert e.kv.length(s) <= held[s]
+    for s in e.blocks.idle:  # retained: exactly what the table says, and that is what holds() reports
+        assert e.kv.length(s) == held[s] == e.holds(s)
+    for r in e.requests():  # running or queued: the tensors hold exactly the computed positions
+        assert e.kv.length(r.session) == r.num_computed and r.num_computed <= held.get(r.session, 0)
+
+
+def test_kv_tensors_follow_the_block_table_through_preemption_eviction_reuse_and_abort(lm, prompts, refs):
+    tok = lm.tokenizer
+    e = engine(lm, kv_capacity_tokens=160, block_size=16, max_batched_tokens=64)
+    reqs = [e.add_request(p, GREEDY, session=f"s{i}") for i, p in enumerate(prompts)]
+    outs = {}
+    while e.has_work():
+        outs.update((o.rid, o) for o in e.step())
+        assert_one_kv_truth(e)
+    assert e.scheduler.preemptions >= 1 and [outs[r.rid].token_ids for r in reqs] == refs
+    # a second turn of a retained session (prefix reuse), a turn that evicts, an abort keeping the KV
+    ctx = outs[reqs[2].rid].req.token_ids + tok.chat([{"role": "user", "content": "More?"}])
+    r2 = e.add_request(ctx, GREEDY, session="s2")
+    assert_one_kv_truth(e)
+    while r2.num_generated < 3:
+        e.step()
+        assert_one_kv_truth(e)
+    out = e.abort(r2.rid, keep_kv=True)
+    assert_one_kv_truth(e)
+    assert e.holds("s2") == r2.num_computed == r2.num_tokens - 1
+    e.submit(out.req, GREEDY)
+    assert_one_kv_truth(e)
+    (final,) = e.run_until_done([r2.rid])
+    assert final.token_ids == hf_greedy(lm, ctx, N)
+    assert_one_kv_truth(e)
+    e.drop_session("s2")
+    assert "s2" not in e.kv.sessions() and e.holds("s2") == 0
+    assert_one_kv_truth(e)
+    r3 = e.add_request(prompts[2], GREEDY, session="s3")  # aborted mid-prefill, keeping its KV
+    e.step()
+    assert 0 < r3.num_computed < len(prompts[2])
+    e.abort(r3.rid, keep_kv=True)
+    assert_one_kv_truth(e)
+    assert e.holds("s3") == r3.num_computed

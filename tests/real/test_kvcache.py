@@ -5,6 +5,7 @@ import pytest
 import torch
 
 from pearl.errors import ConfigError
+from pearl.kv.blocks import BlockManager
 from pearl.real.kvcache import KVCache, KVLayout
 
 LAY = KVLayout(layers=2, kv_heads=2, head_dim=4, dtype=torch.float32)
@@ -54,3 +55,40 @@ def test_truncate_free_and_accounting():
     assert not kv.has("a") and kv.tokens_used() == 4
     with pytest.raises(RuntimeError):
         kv.commit("b", 7, [1])  # writing past a hole is a bug, not a silent gap
+
+
+def test_bound_cache_follows_the_block_table():
+    table = BlockManager(6, 4)
+    kv = KVCache(LAY, table=table)
+    table.grow("a", 10)
+    fill(kv, "a", 10)
+    table.truncate("a", 6)  # prefix reuse / abort keeping KV: the tensors follow
+    assert kv.length("a") == 6 and kv.token_ids("a") == list(range(100, 106))
+    table.set_idle("a")
+    kv.check()
+    table.grow("b", 4)
+    with pytest.raises(RuntimeError, match="block table"):
+        fill(kv, "b", 5)  # a position the table has not given the session
+    fill(kv, "b", 4)
+    kv.check()
+    assert table.grow("c", 16) == ["a"]  # eviction frees the evicted session's tensors
+    assert not kv.has("a") and kv.has("b")
+    table.release("b")  # finish without retention, abort, preemption, drop
+    assert kv.sessions() == []
+    kv.check()
+
+
+def test_bound_cache_imports_only_what_the_table_holds():
+    src = KVCache(LAY)
+    fill(src, "s", 8)
+    table = BlockManager(10, 4)
+    kv = KVCache(LAY, table=table)
+    with pytest.raises(RuntimeError, match="block table"):
+        kv.import_("s", src.export("s"))
+    table.grow("s", 8)
+    kv.import_("s", src.export("s"))
+    table.set_idle("s")
+    kv.check()
+    kv.truncate("s", 5)  # behind the table's back: check() says so
+    with pytest.raises(AssertionError, match="block table"):
+        kv.check()

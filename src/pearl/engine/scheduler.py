@@ -2,12 +2,15 @@
 
 One call to `schedule()` picks the next engine step: decodes first (one token each), then prefill
 chunks FIFO within the token budget. KV admission: a request is admitted only when its whole prompt
-fits (idle sessions are evicted LRU first); if a decode cannot grow, the newest running request is
-preempted and recomputed later. Roles: `mixed` does both; `prefill` only prefills (its requests are
-`prefill_only`); `decode` decodes imported requests and recomputes preempted ones.
+fits (idle sessions are evicted LRU first); if a decode cannot grow, the newest running request (the
+last admitted, possibly the decode itself, never one already in the step's batch) is preempted and
+recomputed later from 0 computed tokens. Roles: `mixed` does both; `prefill` only prefills (its
+requests are `prefill_only`); `decode` decodes imported requests and recomputes preempted ones.
 
-The real engine drives this one step at a time; the emulated engine implements the same policy with
-fast-forward over identical decode steps (see `pearl.engine.emulated`, and the parity test).
+The real engine drives this one step at a time. The emulated engine (the simulator's) does not call
+it: it fast-forwards many identical steps at once and follows most of these rules, not all; its
+docstring ("Where this differs from Scheduler and why") lists each point, and
+`tests/engine/test_parity.py` checks the shared ones against this class.
 """
 from __future__ import annotations
 
@@ -61,18 +64,23 @@ class Scheduler:
         """The request is done: keep its session's KV for the next turn (idle, evictable) or free it."""
         self._remove(req)
         req.status = RequestStatus.FINISHED
-        if retain:
+        self._leave(req, retain)
+
+    def abort(self, req: Request, release: bool = True) -> Request:
+        """Take a request out (migration, revocation). Its generated tokens stay on the request; unless
+        `release`, its computed KV is retained like a finished turn's."""
+        self._remove(req)
+        req.status = RequestStatus.ABORTED
+        self._leave(req, not release)
+        return req
+
+    def _leave(self, req: Request, retain: bool) -> None:
+        """Retain exactly the computed KV (idle, evictable; a prefill's unused reservation is freed)."""
+        if retain and req.num_computed > 0:
+            self.blocks.truncate(req.session, req.num_computed)
             self.blocks.set_idle(req.session)
         else:
             self.blocks.release(req.session)
-
-    def abort(self, req: Request, release: bool = True) -> Request:
-        """Take a request out (migration, revocation). Its generated tokens stay on the request."""
-        self._remove(req)
-        req.status = RequestStatus.ABORTED
-        if release:
-            self.blocks.release(req.session)
-        return req
 
     def _remove(self, req: Request) -> None:
         if req in self.running:
@@ -87,16 +95,17 @@ class Scheduler:
     def schedule(self) -> ScheduledBatch | None:
         batch = ScheduledBatch()
         budget = self.max_batched_tokens
-        # 1. decodes, oldest first; preempt the newest when KV cannot grow
+        # 1. decodes, oldest first; when KV cannot grow, preempt the newest running request, which
+        #    may be this one (never an older one: it may already be in this step's batch). A request
+        #    running alone is not preempted: its own blocks would only come back to it.
         for req in list(self.running):
             if req.status is not RequestStatus.RUNNING or not req.decoding:
                 continue
-            while not self.blocks.can_grow(req.session, req.num_computed + 1):
-                victim = self._newest_running(exclude=req)
-                if victim is None:
-                    break
-                self._preempt(victim)
-            if not self.blocks.can_grow(req.session, req.num_computed + 1) or budget < 1:
+            while (not self.blocks.can_grow(req.session, req.num_computed + 1) and len(self.running) > 1
+                   and req.status is RequestStatus.RUNNING):
+                self._preempt(self.running[-1])
+            if (req.status is not RequestStatus.RUNNING or budget < 1
+                    or not self.blocks.can_grow(req.session, req.num_computed + 1)):
                 continue
             self.blocks.grow(req.session, req.num_computed + 1)
             batch.items.append((req, 1))
@@ -134,12 +143,6 @@ class Scheduler:
             req.num_computed += n
 
     # ------------------------------------------------------------------ preemption
-    def _newest_running(self, exclude: Request) -> Request | None:
-        for req in reversed(self.running):
-            if req is not exclude:
-                return req
-        return None
-
     def _preempt(self, req: Request) -> None:
         """Recompute preemption: free the KV, requeue at the front with all its tokens as prompt."""
         self.running.remove(req)

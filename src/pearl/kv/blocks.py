@@ -3,17 +3,29 @@
 A *session* is a trajectory: its KV stays on an engine between turns (prefix reuse), so blocks are
 owned by sessions, not by requests. A session is `active` while one of its requests is scheduled and
 `idle` while its trajectory waits on the environment; idle sessions are evicted least-recently-used
-first when blocks run out. The real engine mirrors evictions through `on_evict`.
+first when blocks run out.
+
+This table is the one owner of the fact "which session holds how many tokens of KV". Storage that
+holds the KV itself (the real engine's `KVCache`) is `attach`ed and only follows: every release
+(finish without retention, abort, preemption, eviction, drop) frees the session's storage and every
+truncation (prefix reuse, abort keeping KV) truncates it, from here and nowhere else.
 """
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Callable
+from typing import Protocol
+
+
+class KVStorage(Protocol):
+    """What an attached store must do when the table releases or truncates a session."""
+
+    def free(self, session: str) -> None: ...
+
+    def truncate(self, session: str, n: int) -> None: ...
 
 
 class BlockManager:
-    def __init__(self, num_blocks: int, block_size: int = 16,
-                 on_evict: Callable[[str], None] | None = None):
+    def __init__(self, num_blocks: int, block_size: int = 16):
         if num_blocks < 1 or block_size < 1:
             raise ValueError(f"need num_blocks >= 1 and block_size >= 1 (got {num_blocks}, {block_size})")
         self.num_blocks = num_blocks
@@ -22,7 +34,11 @@ class BlockManager:
         self.tokens: dict[str, int] = {}  # session -> tokens whose KV is held
         self.idle: OrderedDict[str, None] = OrderedDict()  # evictable sessions, LRU first
         self.idle_blocks = 0  # Σ blocks of idle sessions (kept as a running sum: asked every step)
-        self.on_evict = on_evict
+        self.storage: KVStorage | None = None
+
+    def attach(self, storage: KVStorage) -> None:
+        """Make `storage` follow this table: freed on every release, truncated on every truncation."""
+        self.storage = storage
 
     def blocks_for(self, tokens: int) -> int:
         return -(-tokens // self.block_size)
@@ -56,8 +72,6 @@ class BlockManager:
             victim = next(iter(self.idle))
             evicted.append(victim)
             self.release(victim)
-            if self.on_evict:
-                self.on_evict(victim)
         if need > self.free_blocks:
             raise MemoryError(f"KV cache full: session {session} needs {need} blocks, {self.free_blocks} free")
         self.free_blocks -= need
@@ -75,6 +89,8 @@ class BlockManager:
         if session in self.idle:
             self.idle_blocks -= freed
         self.tokens[session] = total_tokens
+        if self.storage is not None:
+            self.storage.truncate(session, total_tokens)
 
     def set_idle(self, session: str) -> None:
         if session in self.tokens:
@@ -93,6 +109,8 @@ class BlockManager:
         self.set_active(session)
         held = self.tokens.pop(session, 0)
         self.free_blocks += self.blocks_for(held)
+        if self.storage is not None:
+            self.storage.free(session)
         return held
 
     @property

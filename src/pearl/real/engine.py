@@ -1,8 +1,11 @@
 """`TorchEngine`: a real inference engine on CPU (or one GPU) in the three PEARL roles.
 
-The batching policy is the shared `pearl.engine.scheduler.Scheduler` — the same object the emulated
-engine's policy mirrors — over a `BlockManager` that does the KV accounting; this class adds what only
-a real engine has: token ids, tensors (`ModelRunner`, `KVCache`), sampling, stop conditions, weights.
+The batching policy is the shared `pearl.engine.scheduler.Scheduler` (the emulated engine mirrors its
+policy; `pearl.engine.emulated` lists where it differs) over a `BlockManager`, the one owner of which
+session holds how many tokens of KV: the `KVCache` is bound to it, and every free or truncation (finish,
+abort, preemption, eviction, prefix reuse, drop) is made on the block table, which the tensors follow.
+This class adds what only a real engine has: token ids, tensors (`ModelRunner`, `KVCache`), sampling,
+stop conditions, weights.
 
 One `step()` is schedule → run → postprocess:
 1. `Scheduler.schedule()` picks decodes (one token each) and prefill chunks within the token budget.
@@ -118,8 +121,9 @@ class TorchEngine:
         # of the weights; they then share its version too, so update them together.
         self.decoder = (share_weights_with.decoder if share_weights_with is not None
                         else Decoder.from_hf(model.hf_model, dtype, version))
-        self.kv = KVCache(self.decoder.kv_layout(), self.decoder.device)
-        self.blocks = BlockManager(kv_capacity_tokens // block_size, block_size, on_evict=self.kv.free)
+        # The block table owns which session holds how many tokens of KV; the tensors follow it.
+        self.blocks = BlockManager(kv_capacity_tokens // block_size, block_size)
+        self.kv = KVCache(self.decoder.kv_layout(), self.decoder.device, table=self.blocks)
         self.scheduler = Scheduler(self.role, self.blocks, max_num_seqs, max_batched_tokens)
         self.runner = ModelRunner(self.decoder, self.kv, Sampler(self.decoder.shape.vocab, seed))
         self.retain_sessions = retain_sessions
@@ -129,7 +133,6 @@ class TorchEngine:
         self._params: dict[Any, SamplingParams] = {}
         self._sessions: dict[str, Any] = {}  # session -> rid of its live request
         self._rids = itertools.count()
-        self._preemptions_seen = 0
 
     # ------------------------------------------------------------ views (the router's contract)
     @property
@@ -148,7 +151,7 @@ class TorchEngine:
 
     def holds(self, session: str) -> int:
         """Tokens of a retained (idle) session's KV held here: what its next turn need not prefill."""
-        return self.kv.length(session) if session in self.blocks.idle else 0
+        return self.blocks.held(session) if session in self.blocks.idle else 0
 
     @property
     def pre_pending(self) -> int:
@@ -195,13 +198,12 @@ class TorchEngine:
         if kv is not None:
             self.import_kv(req.session, kv)
         self._reuse_prefix(req.session, ids)
-        self.scheduler.add(req)  # sets num_computed from the KV held for the session
-        self.kv.truncate(req.session, req.num_computed)
+        self.scheduler.add(req)  # sets num_computed from the KV held for the session (truncating it)
         self.stats.tokens_reused += req.num_computed
         self._live[req.rid], self._params[req.rid], self._sessions[req.session] = req, params, req.rid
 
     def _reuse_prefix(self, session: str, ids: list[int]) -> None:
-        """Cut the session's KV (tensors and blocks) back to the longest prefix shared with `ids`."""
+        """Cut the session's KV back to the longest prefix shared with `ids` (the tensors follow)."""
         m = 0
         for a, b in zip(self.kv.token_ids(session), ids):
             if a != b:
@@ -209,9 +211,7 @@ class TorchEngine:
             m += 1
         if m == 0:
             self.blocks.release(session)
-            self.kv.free(session)
         else:
-            self.kv.truncate(session, m)
             self.blocks.truncate(session, m)
 
     def import_kv(self, session: str, blob: KVBlob) -> None:
@@ -224,7 +224,11 @@ class TorchEngine:
         except MemoryError:
             raise ResourceError(f"engine {self.wid}: no room for {blob.num_tokens} imported KV tokens "
                                 f"({self.blocks.free_blocks} free blocks)") from None
-        self.kv.import_(session, blob)
+        try:
+            self.kv.import_(session, blob)
+        except Exception:
+            self.blocks.release(session)
+            raise
         self.blocks.set_idle(session)
 
     def export_kv(self, session: str) -> KVBlob:
@@ -235,13 +239,11 @@ class TorchEngine:
         if session in self._sessions:
             raise ConfigError(f"cannot drop session {session!r}: a request of it is running")
         self.blocks.release(session)
-        self.kv.free(session)
 
     # ------------------------------------------------------------ the step
     def step(self) -> list[Output]:
         """Run one engine step; return the requests that finished in it."""
         batch = self.scheduler.schedule()
-        self._free_preempted()
         if batch is None:
             if self.scheduler.has_work():  # nothing runs by itself in a synchronous engine: stuck
                 stuck = self.scheduler.running or list(self.scheduler.waiting)
@@ -270,14 +272,6 @@ class TorchEngine:
                 outs.append(self._finish(req, reason, stop))
         return outs
 
-    def _free_preempted(self) -> None:
-        """Recompute preemption released a request's blocks; release its tensors too."""
-        if self.scheduler.preemptions != self._preemptions_seen:
-            self._preemptions_seen = self.scheduler.preemptions
-            for req in self.scheduler.waiting:
-                if req.num_computed == 0:
-                    self.kv.free(req.session)
-
     def _finish_reason(self, req: Request, tok: int) -> tuple[str | None, str | None]:
         p = self._params[req.rid]
         stop_ids = self.tokenizer.stop_token_ids if p.stop_token_ids is None else p.stop_token_ids
@@ -304,8 +298,6 @@ class TorchEngine:
     def _finish(self, req: Request, reason: str, stop: str | None = None) -> Output:
         kv = self.export_kv(req.session) if reason == "prefill" else None
         self.scheduler.finish(req, retain=self.retain_sessions)
-        if not self.retain_sessions:
-            self.kv.free(req.session)
         self._forget(req)
         self.stats.finished += 1
         return Output(req, reason, kv, stop)
@@ -323,13 +315,7 @@ class TorchEngine:
         req = self._live.get(rid)
         if req is None:
             raise KeyError(f"no running request {rid!r} on engine {self.wid}")
-        self.scheduler.abort(req, release=not keep_kv)
-        if keep_kv:
-            self.kv.truncate(req.session, req.num_computed)
-            self.blocks.truncate(req.session, req.num_computed)
-            self.blocks.set_idle(req.session)
-        else:
-            self.kv.free(req.session)
+        self.scheduler.abort(req, release=not keep_kv)  # keep_kv: the computed KV, retained idle
         self._forget(req)
         self.stats.aborted += 1
         return Output(req, "abort")
@@ -340,8 +326,7 @@ class TorchEngine:
         if req is None:
             raise KeyError(f"no running request {rid!r} on engine {self.wid}")
         params = self._params[rid]
-        self.runner.sync_kv(req)  # a preempted request may hold stale positions
-        kv = self.export_kv(req.session) if self.kv.length(req.session) else None
+        kv = self.export_kv(req.session) if req.num_computed else None
         self.abort(rid)
         return Migration(req, params, kv)
 

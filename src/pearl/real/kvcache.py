@@ -6,8 +6,12 @@ scaled-dot-product attention wants, and a decode step appends without touching o
 On CPU this beats a paged pool: gathering pages back into one tensor every step would copy the whole
 context, while growing by doubling copies each token O(1) times.
 
-Block accounting (how many sessions fit, which to evict) is the scheduler's job, not this module's;
-here we only store tensors and count their bytes. No scheduling, no model code.
+Which session holds how many tokens of KV is not decided here. In the engine the cache is bound to a
+block table (`KVCache(..., table=blocks)`, a `pearl.kv.blocks.BlockManager`): the table frees and
+truncates the cache's sessions itself (it calls `free` / `truncate` on every release and truncation),
+and the cache refuses to write a position the table has not given the session. Unbound (tests, model
+checks), the cache is plain per-session storage. Here we only store tensors and count their bytes.
+No scheduling, no model code.
 """
 from __future__ import annotations
 
@@ -16,6 +20,7 @@ from dataclasses import dataclass, field
 import torch
 
 from pearl.errors import ConfigError
+from pearl.kv.blocks import BlockManager
 
 _GROW_ALIGN = 32  # positions; keeps reallocations rare for single-token appends
 
@@ -64,10 +69,13 @@ class _Entry:
 
 
 class KVCache:
-    def __init__(self, layout: KVLayout, device: torch.device | str = "cpu"):
+    def __init__(self, layout: KVLayout, device: torch.device | str = "cpu", table: BlockManager | None = None):
         self.layout = layout
         self.device = torch.device(device)
         self._entries: dict[str, _Entry] = {}
+        self.table = table  # the owner of which session holds how many tokens (None: unbound)
+        if table is not None:
+            table.attach(self)
 
     # ------------------------------------------------------------ session lifetime
     def has(self, session: str) -> bool:
@@ -95,7 +103,17 @@ class KVCache:
             del e.token_ids[e.length:]
 
     def reserve(self, session: str, n_total: int) -> None:
-        """Make room for `n_total` positions, creating the session if needed."""
+        """Make room for `n_total` positions, creating the session if needed; bound to a table, only
+        within the tokens the table holds for the session."""
+        self._within_table(session, n_total)
+        self._ensure(session, n_total)
+
+    def _within_table(self, session: str, n: int) -> None:
+        if self.table is not None and n > self.table.held(session):
+            raise RuntimeError(f"KV of session {session!r}: {n} positions written but the block table "
+                               f"holds {self.table.held(session)} tokens for it")
+
+    def _ensure(self, session: str, n_total: int) -> None:
         e = self._entries.get(session)
         if e is None:
             self._entries[session] = _Entry(self._alloc(_round_up(n_total)))
@@ -137,8 +155,9 @@ class KVCache:
                               f"but this engine's model has {want.layers} × {want.kv_heads} × {want.head_dim}")
         if len(blob.token_ids) != blob.num_tokens or blob.data.shape[3] != blob.num_tokens:
             raise ConfigError(f"KV blob holds {blob.num_tokens} positions but {len(blob.token_ids)} token ids")
+        self._within_table(session, blob.num_tokens)
         self.free(session)
-        self.reserve(session, blob.num_tokens + 1)
+        self._ensure(session, blob.num_tokens + 1)
         e = self._entries[session]
         e.buf[:, :, :, : blob.num_tokens] = blob.data.to(self.device, want.dtype)
         e.length = blob.num_tokens
@@ -153,6 +172,18 @@ class KVCache:
 
     def bytes_reserved(self) -> int:
         return sum(e.capacity for e in self._entries.values()) * self.layout.bytes_per_token
+
+    def check(self) -> None:
+        """Bound to a table: every stored session is in it, within its tokens, and exactly its tokens
+        when the table holds the session idle (retained KV is all valid)."""
+        if self.table is None:
+            return
+        held, idle = self.table.tokens, self.table.idle
+        for s in self._entries.keys() | idle.keys():
+            n = self.length(s)
+            if s not in held or n > held[s] or (s in idle and n != held[s]):
+                raise AssertionError(f"KV of session {s!r} holds {n} positions, the block table "
+                                     f"{held.get(s)} tokens ({'idle' if s in idle else 'active'})")
 
 
 def _round_up(n: int) -> int:

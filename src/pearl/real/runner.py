@@ -2,8 +2,9 @@
 
 Given the scheduler's batch — (request, n new tokens) pairs — it builds the ragged batch, runs the
 decoder over it (writing each session's KV), and samples a token for every request whose KV now
-covers its whole context. It does not decide what runs (the scheduler does) nor when a request ends
-(the engine does).
+covers its whole context. It does not decide what runs (the scheduler does), which KV exists (the
+block table does; the KV cache follows it) nor when a request ends (the engine does). It checks that
+each session's KV holds exactly the positions the scheduler counts as computed.
 """
 from __future__ import annotations
 
@@ -31,7 +32,9 @@ class ModelRunner:
             ids = req.token_ids
             if ids is None:
                 raise ValueError(f"request {req.rid} has no token_ids: the real engine needs tokens")
-            self.sync_kv(req)
+            if self.kv.length(req.session) != req.num_computed:
+                raise RuntimeError(f"session {req.session!r}: the scheduler counts {req.num_computed} computed "
+                                   f"tokens but the KV cache holds {self.kv.length(req.session)}")
             want = req.num_computed + n == req.num_tokens
             chunks.append(SeqChunk(req.session, req.num_computed, ids[req.num_computed: req.num_computed + n], want))
             if want:
@@ -41,13 +44,3 @@ class ModelRunner:
             return StepResult([], sum(n for _, n in items))
         tokens, lps = self.sampler.sample(logits, [params[r.rid] for r in wants], [r.num_tokens for r in wants])
         return StepResult(list(zip(wants, tokens, lps)), sum(n for _, n in items))
-
-    def sync_kv(self, req: Request) -> None:
-        """The scheduler may have dropped KV behind our back (recompute preemption resets num_computed
-        to 0): the tensors must never hold more positions than the scheduler believes exist."""
-        have = self.kv.length(req.session)
-        if have > req.num_computed:
-            self.kv.truncate(req.session, req.num_computed)
-        elif have < req.num_computed:
-            raise RuntimeError(f"session {req.session!r}: scheduler counts {req.num_computed} computed tokens "
-                               f"but the KV cache holds {have}")
