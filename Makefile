@@ -26,7 +26,7 @@ simulate: $(STAMP)
 	$(BIN)/pearl simulate scenarios/s1-swe-qwen3-8b.yaml
 
 test: $(STAMP)
-	$(BIN)/python -m pytest -m "not slow" -n 2 tests
+	$(BIN)/python -m pytest -m "not slow" -n 2 tests  # -q comes from pyproject (a second -q would hide the summary line)
 
 test-slow: $(STAMP)
 	$(BIN)/python -m pytest -m slow tests
