@@ -18,3 +18,21 @@ def deadline(seconds: float):
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, old)
+
+
+def unfinished_trajectories(sim) -> set[str]:
+    """Ids of the unfinished trajectories a simulator still holds (found, not counted): requests in
+    engines, parked requests, and trajectories held by pending events (environment step, KV
+    transfer, prefix fetch, the final reward)."""
+    from pearl.engine.request import Request
+    from pearl.runtime.sim_records import SimTrajectory
+
+    ids = {r.meta.id for e in sim.engines.values() for r in e.requests()}
+    ids |= {tr.id for tr, _ in sim.parked}
+    for *_, args in sim.clock._heap:
+        for a in args:
+            if isinstance(a, SimTrajectory):
+                ids.add(a.id)
+            elif isinstance(a, Request):
+                ids.add(a.meta.id)
+    return ids

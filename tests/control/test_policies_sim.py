@@ -5,9 +5,8 @@ from __future__ import annotations
 import pytest
 
 from pearl.config import ScenarioConfig, parse_config
-from pearl.engine.request import Request
 from pearl.runtime.sim import Simulator
-from pearl.runtime.sim_records import SimTrajectory
+from tests.helpers import unfinished_trajectories
 
 
 def scenario(name: str, **over) -> ScenarioConfig:
@@ -27,19 +26,9 @@ def scenario(name: str, **over) -> ScenarioConfig:
 
 
 def live_trajectories(sim: Simulator) -> set[str]:
-    """Ids of the trajectories found in the simulator (not a counter): finished members of groups not
-    yet trained, requests in engines, parked requests, and trajectories held by pending events
-    (environment waits, KV transfers, fetches, the final reward)."""
-    ids = {tr.id for g in [*sim.ready, *sim.groups.values()] for tr in g.trajs}
-    ids |= {r.meta.id for e in sim.engines.values() for r in e.requests()}
-    ids |= {tr.id for tr, _ in sim.parked}
-    for *_, args in sim.clock._heap:
-        for a in args:
-            if isinstance(a, SimTrajectory):
-                ids.add(a.id)
-            elif isinstance(a, Request):
-                ids.add(a.meta.id)
-    return ids
+    """Ids of the trajectories found in the simulator: finished members of groups not yet trained,
+    and the unfinished ones wherever they are."""
+    return {tr.id for g in [*sim.ready, *sim.groups.values()] for tr in g.trajs} | unfinished_trajectories(sim)
 
 
 def run(cfg: ScenarioConfig) -> tuple[Simulator, dict]:

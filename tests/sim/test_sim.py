@@ -17,9 +17,8 @@ import pytest
 
 from pearl.config import ScenarioConfig, deep_merge, parse_config
 from pearl.engine.emulated import EmulatedEngine
-from pearl.engine.request import Request
-from pearl.runtime.sim import SimTrajectory, Simulator
-from tests.helpers import deadline
+from pearl.runtime.sim import Simulator
+from tests.helpers import deadline, unfinished_trajectories
 
 BASE = {"duration_s": 300, "cluster": {"rollout_devices": 2, "train_devices": 1},
         "workload": {"profile": "game"}, "rl": {"prompts_per_batch": 4, "group_size": 4, "staleness": 1}}
@@ -127,19 +126,6 @@ class Tracked(Simulator):
         return super()._finish_trajectory(tr)
 
 
-def live_trajectories(sim: Simulator) -> set[str]:
-    """Trajectories the simulator still holds: in an engine, or in a pending event (environment
-    step, KV transfer, prefix fetch, final reward)."""
-    ids = {r.meta.id for e in sim.engines.values() for r in e.requests()}
-    for _, _, _, args in sim.clock._heap:
-        for a in args:
-            if isinstance(a, SimTrajectory):
-                ids.add(a.id)
-            elif isinstance(a, Request):
-                ids.add(a.meta.id)
-    return ids
-
-
 @pytest.mark.parametrize("case", [
     {}, DISAGG, {"rl": {"staleness": 2}},
     # a small KV cache: preemptions and evictions
@@ -157,7 +143,7 @@ def test_every_admitted_trajectory_is_trained_discarded_or_still_in_flight(case)
     assert r["trained_trajectories"] == sim.trained_trajs and r["discarded_stale"] == sim.discarded
     # no trajectory vanishes: every admitted, unfinished one is somewhere the simulator will see again
     unfinished = {f"t{i}" for i in range(sim.next_traj)} - sim.finished
-    assert live_trajectories(sim) == unfinished and len(unfinished) == sim.active
+    assert unfinished_trajectories(sim) == unfinished and len(unfinished) == sim.active
     if "memory_utilization" in case.get("engine", {}):
         assert r["reconfiguration"]["kv_evictions"] > 0  # the small cache really was under pressure
 
