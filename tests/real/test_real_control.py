@@ -51,6 +51,11 @@ def test_a_worse_start_is_switched_for_real_and_nothing_is_lost(tmp_path):
     assert lines[-1]["layout"] == "colocated×2"
     assert s["steps"] == 6 and s["trajectories"]["failed"] == 0
     _books_balance(s)
+    # the trace shows it: worker role spans go prefill/decode -> mixed, the switch is an instant
+    ev = json.loads((tmp_path / "trace.json").read_text())["traceEvents"]
+    roles = [e["name"] for e in ev if e["ph"] == "X" and e.get("cat") == "role"]
+    assert {"prefill", "decode", "mixed", "training"} <= set(roles)
+    assert any(e["ph"] == "i" and e["name"] == "switch" for e in ev)
 
 
 def test_fixed_policy_keeps_the_layout_and_decides_nothing(tmp_path):
