@@ -100,12 +100,12 @@ def _check_writable(path: Path, what: str, *, directory: bool) -> None:
     if not directory and path.is_dir():
         raise ConfigError(f"{what} {str(path)!r}: is a directory; give a file path")
     d = path if directory else path.parent
-    top = Path(os.path.abspath(d))
-    while not top.exists() and top != top.parent:
+    top = d
+    while not top.exists() and top != top.parent:  # the nearest ancestor that exists
         top = top.parent
     if not top.is_dir():
         raise ConfigError(f"{what} {str(path)!r}: {str(top)!r} is not a directory")
-    if top == Path(os.path.abspath(d)):
+    if top == d:
         try:  # really write: root passes os.access everywhere but not on a read-only mount
             with tempfile.TemporaryFile(dir=top):
                 pass

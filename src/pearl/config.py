@@ -458,10 +458,10 @@ def read_yaml(path: str | Path) -> dict[str, Any]:
 
 
 def load_config(path: str | Path, cls: type[T], overrides: dict[str, Any] | None = None) -> T:
-    data = read_yaml(path)
+    data, what = read_yaml(path), str(path)
     if overrides:
-        data = deep_merge(data, overrides)
-    return parse_config(data, cls, str(path))
+        data, what = deep_merge(data, overrides), f"{path} (with overrides)"
+    return parse_config(data, cls, what)
 
 
 def deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:

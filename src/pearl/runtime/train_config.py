@@ -178,7 +178,7 @@ def load_train_config(config_path: Path | None, overrides: dict[str, Any] | None
     else:
         data, what = read_yaml(config_path), str(config_path)
     if overrides:
-        data = deep_merge(data, overrides)
+        data, what = deep_merge(data, overrides), f"{what} (with overrides)"
     cfg = parse_train_config(data, what)
     check_names(cfg)
     return cfg
