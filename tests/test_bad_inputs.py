@@ -45,6 +45,8 @@ CASES: list[tuple[str, str, str | bytes, tuple[str, ...]]] = [
      ("'cluster.rollout_devices'", "less than or equal to 65536")),
     ("devices-1e9", "sim", "cluster: {rollout_devices: 1000000000}\n",
      ("'cluster.rollout_devices' = 1000000000", "65536")),
+    ("devices-expression", "sim", "cluster: {rollout_devices: 10**30}\n",
+     ("'cluster.rollout_devices' = '10**30'", "expected an integer, got a string")),
     ("devices-bool", "sim", "cluster: {rollout_devices: yes}\n",
      ("'cluster.rollout_devices' = True", "expected an integer, got a boolean")),
     ("devices-float", "sim", "cluster: {rollout_devices: 8.0}\n",
