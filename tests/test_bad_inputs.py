@@ -115,16 +115,19 @@ CASES: list[tuple[str, str, str | bytes, tuple[str, ...]]] = [
     ("train-bad-env-kwargs", "train", "env: {name: gridworld, kwargs: {size: 99}}\n",
      ("env 'gridworld': size must be in [2, 12], got 99",)),
     ("train-missing-profile", "train", "profile: nope.json\n", ("profile 'nope.json': no such file",)),
-    ("train-metrics-file-path", "train", "metrics_file: logs/m.jsonl\n",
-     ("metrics_file 'logs/m.jsonl'", "plain file name")),
+    ("train-stall-timeout-inf", "train", "stall_timeout_s: .inf\n", ("'stall_timeout_s' = inf", "finite")),
+    ("train-checkpoint-every-zero", "train", "checkpoint_every: 0\n", ("'checkpoint_every' = 0",)),
     ("train-policy-not-runnable", "train", "policy: {name: rlboost+}\n", ("policy.name 'rlboost+'",)),
     ("train-tps", "train", "policy: {tps: [2]}\n", ("policy.tps [2]", "tensor-parallel size 1 only")),
     ("train-lr-nan", "train", "trainer: {lr: .nan}\n", ("'trainer.lr' = nan", "finite")),
     ("train-micro-batch-bool", "train", "trainer: {micro_batch_size: yes}\n",
      ("'trainer.micro_batch_size' = True",)),
     ("train-unknown-backend", "train", "backend: mpi\n", ("'backend' = 'mpi'",)),
-    ("train-out-under-a-file", "cli", "train --out afile/run", ("--out 'afile/run': 'afile' is not a directory",)),
-    ("train-out-is-a-file", "cli", "train --out afile", ("--out 'afile': exists and is not a directory",)),
+    ("train-out-under-a-file", "cli", "train --out afile/run", ("run directory afile/run cannot be written",)),
+    ("train-out-is-a-file", "cli", "train --out afile", ("run directory afile is a file",)),
+    ("train-out-holds-a-run", "cli", "train --out arun", ("run directory arun already holds a run", "--overwrite")),
+    ("train-resume-not-a-run", "cli", "train --resume adir", ("--resume adir: no config.yaml there",)),
+    ("train-resume-scalar-config", "cli", "train --resume abad", ("expected a mapping of fields",)),
     ("train-missing-config", "cli", "train nope.yaml --out run", ("nope.yaml: file not found",)),
     # ---- options and overrides
     ("plan-devices-abc", "cli", "plan --devices abc", ("'--devices'", "'abc' is not an integer")),
@@ -152,6 +155,9 @@ CASES: list[tuple[str, str, str | bytes, tuple[str, ...]]] = [
     ("duration-option-huge", "cli", "simulate ok.yaml --duration 1e9", ("'--duration'", "out of range")),
     ("policy-option-unknown", "cli", "simulate ok.yaml --policy greedy", ("'policy.name' = 'greedy'",)),
     ("simulate-out-is-a-dir", "cli", "simulate ok.yaml --out adir", ("--out 'adir': is a directory",)),
+    ("simulate-trace-under-a-file", "cli", "simulate ok.yaml --trace afile/t.json",
+     ("--trace 'afile/t.json': 'afile' is not a directory",)),
+    ("report-missing-run", "cli", "report nope", ("nope does not exist",)),
     ("simulate-out-under-a-file", "cli", "simulate ok.yaml --out afile/r.json", ("--out 'afile/r.json': 'afile' is not a directory",)),
     ("profile-unknown-model", "cli", "profile --model gpt5", ("unknown model 'gpt5'; known: smollm2-135m, tiny",)),
 ]
@@ -163,6 +169,10 @@ def scratch(tmp_path, monkeypatch):
     (tmp_path / "bin.dat").write_bytes(BINARY)
     (tmp_path / "adir").mkdir()
     (tmp_path / "afile").write_text("a file\n")
+    (tmp_path / "arun").mkdir()  # a directory that holds a run
+    (tmp_path / "arun" / "metrics.jsonl").write_text("")
+    (tmp_path / "abad").mkdir()  # a run directory whose saved config is not a mapping
+    (tmp_path / "abad" / "config.yaml").write_text("just a string\n")
     monkeypatch.chdir(tmp_path)
     return tmp_path
 

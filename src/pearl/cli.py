@@ -92,14 +92,12 @@ def _float_in(lo: float, hi: float) -> Callable[[Any], float]:
     return parse
 
 
-def _check_writable(path: Path, what: str, *, directory: bool) -> None:
-    """Before any work: `path` (a file, or a directory when `directory`) can be written, else a
-    one-line ConfigError (a long run must not die at its end on an unwritable --out)."""
-    if directory and path.exists() and not path.is_dir():
-        raise ConfigError(f"{what} {str(path)!r}: exists and is not a directory")
-    if not directory and path.is_dir():
+def _check_writable(path: Path, what: str) -> None:
+    """Before any work: the file `path` can be written, else a one-line ConfigError (a long run must
+    not die at its end on an unwritable --out)."""
+    if path.is_dir():
         raise ConfigError(f"{what} {str(path)!r}: is a directory; give a file path")
-    d = path if directory else path.parent
+    d = path.parent
     top = d
     while not top.exists() and top != top.parent:  # the nearest ancestor that exists
         top = top.parent
@@ -141,9 +139,9 @@ def simulate(
         over["duration_s"] = duration
     cfg = load_config(scenario, ScenarioConfig, over)
     path = output or Path("runs") / f"{cfg.name}-{cfg.policy.name}-s{cfg.seed}.json"
-    _check_writable(path, "--out", directory=False)
+    _check_writable(path, "--out")
     if trace is not None:
-        _check_writable(trace, "--trace", directory=False)
+        _check_writable(trace, "--trace")
     with out.status(f"simulating {cfg.name} ({cfg.policy.name}, {cfg.duration_s:.0f} virtual s)"):
         sim = Simulator(cfg)
         res = sim.run()
@@ -257,7 +255,7 @@ def profile(
 
     if model not in SOURCES:
         raise UnknownNameError("model", model, list(SOURCES))
-    _check_writable(output, "--out", directory=False)
+    _check_writable(output, "--out")
     with out.status(f"measuring {model} engine steps"):
         prof = calibrate_engine(model, output)
     out.print(f"saved {output} ({prof.model} on {prof.hardware})")

@@ -465,6 +465,9 @@ def load_config(path: str | Path, cls: type[T], overrides: dict[str, Any] | None
 
 
 def deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    if not isinstance(base, dict):  # a config file whose top level is not a mapping
+        raise ConfigError(f"expected a mapping of fields at the top level to apply overrides to, "
+                          f"got {_type_word(base)}")
     out = dict(base)
     for k, v in over.items():
         out[k] = deep_merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v

@@ -165,7 +165,6 @@ def model_context(model: str) -> int | None:
     return MODEL_CONTEXT.get(model)
 
 
-
 def default_config_text() -> str:
     return (importlib.resources.files("pearl") / "data" / "train_default.yaml").read_text()
 
