@@ -120,7 +120,7 @@ def simulate(
     policy: Optional[str] = typer.Option(None, help="Override policy.name: fixed, static-pd, pearl, rlboost+, roll-partial."),
     seed: Optional[int] = typer.Option(None, parser=_int_in(0, MAX_SEED), help="Override the scenario's seed."),
     duration: Optional[float] = typer.Option(None, parser=_float_in(0, MAX_DURATION_S),
-                                             help="Override duration_s (virtual seconds, at most 30 days)."),
+                                             help="Override duration_s (virtual seconds, at most a year)."),
     set_: list[str] = typer.Option([], "--set", help="Override any field: --set rl.staleness=2 (repeatable)."),
     output: Optional[Path] = typer.Option(None, "--out", help="Result JSON path (default runs/<name>-<policy>-s<seed>.json)."),
     trace: Optional[Path] = typer.Option(None, "--trace", help="Also write a Chrome trace (roles, steps, decisions) here; open it in Perfetto."),

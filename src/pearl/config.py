@@ -34,7 +34,7 @@ MAX_BATCH = 1 << 20  # trajectories in one RL batch (prompts x group size)
 MAX_GROUP = 4096  # samples per prompt
 MAX_STEPS = 10_000_000  # train steps
 MAX_STALENESS = 1000  # policy versions
-MAX_DURATION_S = 30 * 24 * 3600.0  # every duration / time (30 days)
+MAX_DURATION_S = 365 * 24 * 3600.0  # every duration / time (a year: long virtual runs stop at max_train_steps)
 MAX_QUANTITY = 1e9  # any value of a workload distribution (tokens, turns, seconds, devices)
 MAX_SEED = 2**63 - 1
 
