@@ -81,7 +81,7 @@ CASES: list[tuple[str, str, str | bytes, tuple[str, ...]]] = [
     # ---- names and enums
     ("tps-3", "sim", "policy: {name: pearl, tps: [3]}\n", ("'policy.tps' = [3]", "tensor-parallel size 3")),
     ("tps-empty", "sim", "policy: {tps: []}\n", ("'policy.tps' = []", "at least one")),
-    ("tps-duplicate", "sim", "policy: {tps: [2, 2]}\n", ("'policy.tps' = [2, 2]", "listed twice")),
+    ("tps-duplicate", "sim", "policy: {tps: [2, 2]}\n", ("'policy.tps' = [2, 2]", "give distinct tensor-parallel sizes")),
     ("tps-not-dividing-node", "sim", "cluster: {devices_per_node: 6, rollout_devices: 6}\npolicy: {tps: [4]}\n",
      ("policy.tps: 4 does not divide cluster.devices_per_node (6)",)),
     ("flag-not-bool", "sim", "policy: {borrow: 'yes'}\n", ("'policy.borrow' = 'yes'", "expected true or false")),
@@ -95,7 +95,7 @@ CASES: list[tuple[str, str, str | bytes, tuple[str, ...]]] = [
     ("elastic-csv-missing", "sim", "cluster: {elastic: {kind: csv, csv: nope.csv}}\n",
      ("cluster.elastic.csv: file not found: nope.csv",)),
     ("elastic-csv-binary", "sim", "cluster: {elastic: {kind: csv, csv: bin.dat}}\n",
-     ("'cluster.elastic'", "csv 'bin.dat' is not a text file")),
+     ("'cluster.elastic'", "csv 'bin.dat' is not a readable text file")),
     # ---- pearl train
     ("train-empty-file", "train", "", ("t.yaml: the file is empty",)),
     ("train-group-size-1", "train", "group_size: 1\n", ("group_size 1", "allow_single_sample")),

@@ -19,7 +19,7 @@ from rich.console import Console
 from rich.table import Table
 
 from pearl.config import MAX_BATCH, MAX_DEVICES, MAX_DURATION_S, MAX_SEED, TP_SIZES
-from pearl.errors import ConfigError, PearlError, UnknownNameError
+from pearl.errors import ConfigError, PearlError, UnknownNameError, one_line
 
 try:  # typer >= 0.2x vendors its click
     from typer._click.exceptions import ClickException, NoArgsIsHelpError, UsageError
@@ -261,10 +261,6 @@ def profile(
     out.print(f"saved {output} ({prof.model} on {prof.hardware})")
 
 
-def _one_line(text: str) -> str:
-    return " ".join(str(text).split())
-
-
 def main(argv: list[str] | None = None) -> None:
     """Run the CLI. A user error (bad option, bad config, missing file) is one line on stderr,
     `error: <message>`, and exit code 2; never a traceback or a boxed usage panel."""
@@ -274,13 +270,13 @@ def main(argv: list[str] | None = None) -> None:
         print(e.ctx.get_help())
         sys.exit(e.exit_code)
     except UsageError as e:  # bad / unknown option, missing argument, unknown command
-        print(f"error: {_one_line(e.format_message())}", file=sys.stderr)
+        print(f"error: {one_line(e.format_message())}", file=sys.stderr)
         sys.exit(2)
     except ClickException as e:
-        print(f"error: {_one_line(e.format_message())}", file=sys.stderr)
+        print(f"error: {one_line(e.format_message())}", file=sys.stderr)
         sys.exit(e.exit_code)
     except PearlError as e:
-        print(f"error: {_one_line(str(e))}", file=sys.stderr)  # one line, never wrapped
+        print(f"error: {one_line(str(e))}", file=sys.stderr)  # one line, never wrapped
         sys.exit(e.exit_code)
     except (KeyboardInterrupt, typer.Abort):
         err.print("interrupted")

@@ -2,12 +2,9 @@
 
 Every component receives its own sub-config. User errors become a one-line `ConfigError` naming the
 field (dotted path) and the bad value; `read_yaml` is the only place that reads a YAML config file.
-
-Every field is exact and bounded (see docs/bad-inputs.md): an integer field takes an integer (not a
-boolean, a float or a string), a number field a finite number, a flag a boolean; every size has an
-upper bound (`MAX_*` below) checked before any work, so a typo such as `rollout_devices: 1000000000`
-is a one-line error, not a run that hangs while its memory grows.
-"""
+Every field is exact and bounded (docs/bad-inputs.md): an integer field takes an integer (not a boolean,
+float or string), a number field a finite number, a flag a boolean, and every size has an upper bound
+(`MAX_*`), so a typo such as `rollout_devices: 1000000000` is an error, not a run whose memory grows."""
 from __future__ import annotations
 
 import math
@@ -20,7 +17,7 @@ from typing import Any, Literal, TypeVar
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
-from pearl.errors import ConfigError
+from pearl.errors import ConfigError, describe, one_line
 from pearl.types import LayoutShape, Mode
 
 # ---------------------------------------------------------------- bounds (checked before any work)
@@ -37,60 +34,33 @@ MAX_STALENESS = 1000  # policy versions
 MAX_DURATION_S = 365 * 24 * 3600.0  # every duration / time (a year: long virtual runs stop at max_train_steps)
 MAX_QUANTITY = 1e9  # any value of a workload distribution (tokens, turns, seconds, devices)
 MAX_SEED = 2**63 - 1
+MAX_CONFIG_BYTES = 16 << 20  # a config file is a few KB; anything this large is the wrong file
 
 
 def _exact_kind(annotation: Any) -> str | None:
-    """'int' / 'float' / 'bool' when a field (or its Optional) holds exactly that scalar, else None."""
-    args = typing.get_args(annotation) if typing.get_origin(annotation) in (typing.Union, types.UnionType) else ()
-    inner = [a for a in args if a is not type(None)] if args else [annotation]
-    if len(inner) != 1:
-        return None
-    return {int: "int", float: "float", bool: "bool"}.get(inner[0])
-
-
-def _exact_list_kind(annotation: Any) -> str | None:
-    """'int' when a field (or its Optional) is a list of integers."""
+    """'int' / 'float' / 'bool' / 'ints' (a list of int) when a field, or its Optional, is exactly that."""
     args = typing.get_args(annotation) if typing.get_origin(annotation) in (typing.Union, types.UnionType) else ()
     inner = [a for a in args if a is not type(None)] if args else [annotation]
     if len(inner) == 1 and typing.get_origin(inner[0]) is list and typing.get_args(inner[0]) == (int,):
-        return "int"
-    return None
-
-
-def _type_word(v: Any) -> str:
-    if isinstance(v, bool):
-        return "a boolean"
-    if isinstance(v, str):
-        return "a string"
-    if isinstance(v, numbers.Integral):
-        return "an integer"
-    if isinstance(v, numbers.Real):
-        return "a float"
-    if isinstance(v, dict):
-        return "a mapping"
-    if isinstance(v, (list, tuple)):
-        return "a list"
-    return type(v).__name__
+        return "ints"
+    return {int: "int", float: "float", bool: "bool"}.get(inner[0]) if len(inner) == 1 else None
 
 
 def _check_exact(kind: str, v: Any) -> None:
-    """No silent coercion: `yes` is not 1, `3.0` and `"3"` are not 3, `"0.5"` is not 0.5."""
+    """No silent coercion: `yes` is not 1, `3.0` and `"3"` are not 3, `.inf` and `.nan` are not numbers."""
     if kind == "int" and (isinstance(v, bool) or not isinstance(v, numbers.Integral)):
-        raise ValueError(f"expected an integer, got {_type_word(v)}")
-    if kind == "float":
-        # YAML 1.1 reads `1e3` (no dot) as a string: a string that is a number is taken as one
-        if isinstance(v, bool) or not isinstance(v, (numbers.Real, str)):
-            raise ValueError(f"expected a number, got {_type_word(v)}")
+        raise ValueError(f"expected an integer, got {describe(v)}")
+    if kind == "bool" and not isinstance(v, bool):
+        raise ValueError(f"expected true or false, got {describe(v)}")
+    if kind == "float":  # a numeric string is a number: YAML 1.1 reads `1e3` (no dot) as a string
         try:
-            f = float(v)
-        except ValueError:
-            raise ValueError(f"expected a number, got {_type_word(v)}") from None
-        except OverflowError:
-            f = math.inf
+            f = float(v) if isinstance(v, (numbers.Real, str)) and not isinstance(v, bool) else None
+        except (ValueError, OverflowError):  # not a number; an integer too large for a float
+            f = math.inf if isinstance(v, numbers.Integral) else None
+        if f is None:
+            raise ValueError(f"expected a number, got {describe(v)}")
         if not math.isfinite(f):
             raise ValueError("expected a finite number")
-    if kind == "bool" and not isinstance(v, bool):
-        raise ValueError(f"expected true or false, got {_type_word(v)}")
 
 
 class Frozen(BaseModel):
@@ -99,15 +69,12 @@ class Frozen(BaseModel):
     @field_validator("*", mode="before")
     @classmethod
     def _exact_scalars(cls, v: Any, info: ValidationInfo) -> Any:
-        if v is None or info.field_name is None:
-            return v
-        ann = cls.model_fields[info.field_name].annotation
-        kind = _exact_kind(ann)
-        if kind is not None:
-            _check_exact(kind, v)
-        elif _exact_list_kind(ann) and isinstance(v, (list, tuple)):
+        kind = _exact_kind(cls.model_fields[info.field_name].annotation) if info.field_name else None
+        if kind == "ints" and isinstance(v, (list, tuple)):
             for x in v:
                 _check_exact("int", x)
+        elif kind is not None and v is not None:
+            _check_exact(kind, v)
         return v
 
 
@@ -177,13 +144,11 @@ class ElasticConfig(Frozen):
     def _check(self) -> "ElasticConfig":
         if self.kind == "csv" and not self.csv:
             raise ValueError("elastic kind 'csv' needs 'csv' (a path)")
-        if self.kind == "csv" and Path(self.csv).is_file():  # type: ignore[arg-type]
-            try:  # a missing file is reported when the trace is read; a binary one here
+        try:  # a missing file is reported when the trace is read; a binary one here
+            if self.kind == "csv" and Path(self.csv).is_file():  # type: ignore[arg-type]
                 Path(self.csv).read_bytes()[:1 << 20].decode("utf-8")  # type: ignore[arg-type]
-            except UnicodeDecodeError:
-                raise ValueError(f"csv {self.csv!r} is not a text file") from None
-            except OSError as e:
-                raise ValueError(f"csv {self.csv!r} cannot be read ({e.strerror or e})") from None
+        except (UnicodeDecodeError, OSError):
+            raise ValueError(f"csv {self.csv!r} is not a readable text file") from None
         return self
 
 
@@ -307,15 +272,11 @@ class PolicyConfig(Frozen):
     @field_validator("tps")
     @classmethod
     def _tps(cls, v: list[int] | None) -> list[int] | None:
-        if v is None:
-            return v
-        if not v:
-            raise ValueError("give at least one tensor-parallel size (or leave tps unset)")
-        bad = [t for t in v if t not in TP_SIZES]
+        bad = [t for t in v or () if t not in TP_SIZES]
         if bad:
             raise ValueError(f"tensor-parallel size {bad[0]} is not one of {', '.join(map(str, TP_SIZES))}")
-        if len(set(v)) != len(v):
-            raise ValueError("a tensor-parallel size is listed twice")
+        if v is not None and (not v or len(set(v)) != len(v)):
+            raise ValueError("give distinct tensor-parallel sizes, at least one (or leave tps unset)")
         return v
 
 
@@ -342,16 +303,14 @@ class ScenarioConfig(Frozen):
                                  f"{need} devices but cluster.rollout_devices is {n}")
         elif n % tp:
             raise ValueError(f"cluster.rollout_devices ({n}) is not a multiple of engine.tp ({tp})")
-        node = self.cluster.devices_per_node
+        node, b = self.cluster.devices_per_node, self.rl.prompts_per_batch * self.rl.group_size
         if tp > node:
             raise ValueError(f"engine.tp ({tp}) is larger than cluster.devices_per_node ({node})")
-        for t in self.policy.tps or ():
-            if node % t:
-                raise ValueError(f"policy.tps: {t} does not divide cluster.devices_per_node ({node})")
-        b = self.rl.prompts_per_batch * self.rl.group_size
+        bad = [t for t in self.policy.tps or () if node % t]
+        if bad:
+            raise ValueError(f"policy.tps: {bad[0]} does not divide cluster.devices_per_node ({node})")
         if b > MAX_BATCH:
-            raise ValueError(f"rl.prompts_per_batch x rl.group_size = {b} trajectories per batch; "
-                             f"the most is {MAX_BATCH}")
+            raise ValueError(f"rl.prompts_per_batch x rl.group_size = {b} trajectories per batch; the most is {MAX_BATCH}")
         return self
 
 
@@ -367,20 +326,11 @@ def format_validation_error(err: ValidationError, what: str) -> str:
     if e["type"] == "extra_forbidden":
         return f"{what}: unknown field '{loc}'"
     val = e.get("input")
-    shown = "" if isinstance(val, dict) or val is None else f" = {_short(val)}"
+    shown = "" if isinstance(val, dict) or val is None else f" = {val!r:.60}"
     more = f" (+{len(err.errors()) - 1} more)" if len(err.errors()) > 1 else ""
     if not loc:
-        return _one_line(f"{what}: {msg}{more}")
-    return _one_line(f"{what}: field '{loc}'{shown}: {msg}{more}")
-
-
-def _short(val: Any, limit: int = 60) -> str:
-    r = repr(val)
-    return r if len(r) <= limit else r[:limit - 3] + "..."
-
-
-def _one_line(msg: str) -> str:
-    return " ".join(msg.split())
+        return one_line(f"{what}: {msg}{more}")
+    return one_line(f"{what}: field '{loc}'{shown}: {msg}{more}")
 
 
 def parse_config(data: dict[str, Any] | None, cls: type[T], what: str = "config") -> T:
@@ -392,68 +342,44 @@ def parse_config(data: dict[str, Any] | None, cls: type[T], what: str = "config"
         return cls.model_validate(data)
     except ValidationError as err:
         raise ConfigError(format_validation_error(err, what)) from None
-    except RecursionError:
-        raise ConfigError(f"{what}: nested too deeply") from None
 
 
 class _UniqueKeyLoader(yaml.SafeLoader):
     """SafeLoader that refuses a key given twice in one mapping (PyYAML silently keeps the last)."""
 
-
-def _construct_mapping(loader: _UniqueKeyLoader, node: yaml.MappingNode, deep: bool = False) -> dict:
-    seen: set[Any] = set()
-    for key_node, _ in node.value:
-        if key_node.tag == "tag:yaml.org,2002:merge":
-            continue
-        key = loader.construct_object(key_node, deep=deep)
-        try:
-            dup = key in seen
-        except TypeError:  # an unhashable key: the constructor below reports it
-            continue
-        if dup:
-            raise yaml.constructor.ConstructorError(None, None, f"duplicate key {key!r}", key_node.start_mark)
-        seen.add(key)
-    return yaml.SafeLoader.construct_mapping(loader, node, deep=deep)
-
-
-_UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
-
-MAX_CONFIG_BYTES = 16 << 20  # a config is a few KB; anything this large is the wrong file
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
+        keys = [(self.construct_object(k, deep=deep), k) for k, _ in node.value if k.tag != "tag:yaml.org,2002:merge"]
+        for i, (key, k) in enumerate(keys):
+            if isinstance(key, (str, int, float, bool)) and key in [x for x, _ in keys[:i]]:
+                raise yaml.constructor.ConstructorError(None, None, f"duplicate key {key!r}", k.start_mark)
+        return super().construct_mapping(node, deep=deep)
 
 
 def read_yaml(path: str | Path) -> dict[str, Any]:
     """A YAML file whose top level is a mapping. Missing / a directory / unreadable / not UTF-8 text /
     not YAML / empty / not a mapping / a key given twice: a one-line ConfigError naming the file."""
     p = Path(path)
-    if p.is_dir():
-        raise ConfigError(f"{p}: is a directory, not a YAML file")
     if not p.is_file():
-        raise ConfigError(f"{p}: file not found" if not p.exists() else f"{p}: not a regular file")
+        why = "is a directory, not a YAML file" if p.is_dir() else "not a regular file" if p.exists() else "file not found"
+        raise ConfigError(f"{p}: {why}")
+    if p.stat().st_size > MAX_CONFIG_BYTES:
+        raise ConfigError(f"{p}: {p.stat().st_size} bytes is too large for a config file (the most is {MAX_CONFIG_BYTES})")
     try:
-        if p.stat().st_size > MAX_CONFIG_BYTES:
-            raise ConfigError(f"{p}: {p.stat().st_size} bytes is too large for a config file "
-                              f"(the most is {MAX_CONFIG_BYTES})")
-        raw = p.read_bytes()
+        data = yaml.load(p.read_bytes().decode("utf-8"), Loader=_UniqueKeyLoader)  # noqa: S506 (a SafeLoader)
     except OSError as e:
         raise ConfigError(f"{p}: cannot read ({e.strerror or e})") from None
-    try:
-        text = raw.decode("utf-8")
     except UnicodeDecodeError as e:
         raise ConfigError(f"{p}: not a text file (byte {e.start} is not UTF-8)") from None
-    try:
-        data = yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 (a SafeLoader)
     except yaml.YAMLError as err:
-        mark = getattr(err, "problem_mark", None)
-        where = f" line {mark.line + 1}" if mark else ""
-        problem = getattr(err, "problem", None)
-        why = f" ({problem})" if problem else ""
-        raise ConfigError(_one_line(f"{p}:{where} is not valid YAML{why}")) from None
+        mark, problem = getattr(err, "problem_mark", None), getattr(err, "problem", None)
+        where, why = (f" line {mark.line + 1}" if mark else ""), (f" ({problem})" if problem else "")
+        raise ConfigError(one_line(f"{p}:{where} is not valid YAML{why}")) from None
     except RecursionError:
         raise ConfigError(f"{p}: nested too deeply") from None
     if data is None:
         raise ConfigError(f"{p}: the file is empty (write at least one field, or {{}} for every default)")
     if not isinstance(data, dict):
-        raise ConfigError(f"{p}: expected a mapping of fields at the top level, got {_type_word(data)}")
+        raise ConfigError(f"{p}: expected a mapping of fields at the top level, got {describe(data)}")
     return data
 
 
@@ -466,8 +392,7 @@ def load_config(path: str | Path, cls: type[T], overrides: dict[str, Any] | None
 
 def deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
     if not isinstance(base, dict):  # a config file whose top level is not a mapping
-        raise ConfigError(f"expected a mapping of fields at the top level to apply overrides to, "
-                          f"got {_type_word(base)}")
+        raise ConfigError(f"expected a mapping of fields at the top level to apply overrides to, got {describe(base)}")
     out = dict(base)
     for k, v in over.items():
         out[k] = deep_merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v

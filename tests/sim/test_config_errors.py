@@ -141,6 +141,6 @@ def test_sizes_and_durations_are_bounded(data, field):
 
 def test_tps_are_distinct_powers_of_two_that_fit_a_node():
     assert "tensor-parallel size 3" in error({"policy": {"tps": [3]}})
-    assert "listed twice" in error({"policy": {"tps": [1, 1]}})
+    assert "distinct" in error({"policy": {"tps": [1, 1]}})
     assert "does not divide cluster.devices_per_node (4)" in error(
         {"cluster": {"devices_per_node": 4, "rollout_devices": 8}, "policy": {"tps": [8]}})
