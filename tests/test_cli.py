@@ -69,3 +69,20 @@ def test_profile_writes_a_profile_that_loads(tmp_path):
     r = pearl("profile", "--out", str(tmp_path / "p.json"))
     assert r.returncode == 0, r.stderr
     assert load_profile(tmp_path / "p.json").hardware == "cpu"
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["plan", "--devices", "abc"], "'abc' is not an integer"),
+    (["plan", "--nope"], "No such option"),
+    (["simulate"], "Missing argument"),
+])
+def test_usage_errors_are_one_line_too(args, needle):
+    r = pearl(*args)
+    lines = [ln for ln in r.stderr.strip().splitlines() if ln.strip()]
+    assert r.returncode == 2 and len(lines) == 1 and lines[0].startswith("error: ") and needle in lines[0], r.stderr
+
+
+def test_empty_scenario_is_refused_not_run_with_defaults(tmp_path):
+    (tmp_path / "e.yaml").write_text("")
+    r = pearl("simulate", str(tmp_path / "e.yaml"), "--out", str(tmp_path / "r.json"))
+    assert r.returncode == 2 and "the file is empty" in r.stderr and not (tmp_path / "r.json").exists()

@@ -5,16 +5,26 @@ stderr and exit code 2, never a traceback.
 """
 from __future__ import annotations
 
+import math
+import os
+import re
 import sys
+import tempfile
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import typer
 import yaml
 from rich.console import Console
 from rich.table import Table
 
-from pearl.errors import ConfigError, PearlError
+from pearl.config import MAX_BATCH, MAX_DEVICES, MAX_DURATION_S, MAX_SEED, TP_SIZES
+from pearl.errors import ConfigError, PearlError, UnknownNameError, one_line
+
+try:  # typer >= 0.2x vendors its click
+    from typer._click.exceptions import ClickException, NoArgsIsHelpError, UsageError
+except ImportError:  # pragma: no cover - an older typer on the real click
+    from click.exceptions import ClickException, NoArgsIsHelpError, UsageError  # type: ignore[no-redef]
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="PEARL: adaptive prefill-decode execution with elasticity for agentic RL.")
@@ -22,27 +32,95 @@ out = Console()
 err = Console(stderr=True)
 
 
+_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_+-]*")
+
+
 def _parse_sets(sets: list[str]) -> dict[str, Any]:
-    """`--set a.b=3` overrides, values parsed as YAML scalars."""
+    """`--set a.b=3` overrides, values parsed as YAML (scalars, or flow lists/mappings)."""
     tree: dict[str, Any] = {}
     for item in sets:
         if "=" not in item:
             raise ConfigError(f"--set expects key=value, got {item!r}")
         key, val = item.split("=", 1)
-        node = tree
         parts = key.strip().split(".")
-        for p in parts[:-1]:
+        if not all(_KEY.fullmatch(p) for p in parts):
+            raise ConfigError(f"--set {item!r}: {key.strip()!r} is not a field path like rl.staleness")
+        try:
+            value = yaml.safe_load(val)
+        except yaml.YAMLError:
+            raise ConfigError(f"--set {item!r}: the value {val!r} is not valid YAML") from None
+        node = tree
+        for i, p in enumerate(parts[:-1]):
             node = node.setdefault(p, {})
-        node[parts[-1]] = yaml.safe_load(val)
+            if not isinstance(node, dict):
+                raise ConfigError(f"--set {item!r}: {'.'.join(parts[:i + 1])} is already set to a value")
+        if isinstance(node.get(parts[-1]), dict):
+            raise ConfigError(f"--set {item!r}: {key.strip()} already has fields set")
+        node[parts[-1]] = value
     return tree
+
+
+def _int_in(lo: int, hi: int) -> Callable[[Any], int]:
+    """A typer `parser` for an integer option in [lo, hi]: `1e30`, `abc`, `3.5` or 10**30 is a
+    one-line usage error naming the option and the value."""
+    def parse(raw: Any) -> int:
+        if isinstance(raw, int) and not isinstance(raw, bool):
+            n = raw
+        else:
+            try:
+                n = int(str(raw).strip(), 10)
+            except ValueError:
+                raise typer.BadParameter(f"{str(raw)!r} is not an integer") from None
+        if not lo <= n <= hi:
+            raise typer.BadParameter(f"{n} is out of range (expected {lo} to {hi})")
+        return n
+    return parse
+
+
+def _float_in(lo: float, hi: float) -> Callable[[Any], float]:
+    """A typer `parser` for a finite number option in (lo, hi]."""
+    def parse(raw: Any) -> float:
+        try:
+            x = float(str(raw).strip()) if not isinstance(raw, (int, float)) else float(raw)
+        except (ValueError, OverflowError):
+            raise typer.BadParameter(f"{str(raw)!r} is not a number") from None
+        if not math.isfinite(x):
+            raise typer.BadParameter(f"{str(raw)!r} is not a finite number")
+        if not lo < x <= hi:
+            raise typer.BadParameter(f"{x:g} is out of range (expected above {lo:g}, at most {hi:.0f})")
+        return x
+    return parse
+
+
+def _check_writable(path: Path, what: str) -> None:
+    """Before any work: the file `path` can be written, else a one-line ConfigError (a long run must
+    not die at its end on an unwritable --out)."""
+    if path.is_dir():
+        raise ConfigError(f"{what} {str(path)!r}: is a directory; give a file path")
+    d = path.parent
+    top = d
+    while not top.exists() and top != top.parent:  # the nearest ancestor that exists
+        top = top.parent
+    if not top.is_dir():
+        raise ConfigError(f"{what} {str(path)!r}: {str(top)!r} is not a directory")
+    if top == d:
+        try:  # really write: root passes os.access everywhere but not on a read-only mount
+            with tempfile.TemporaryFile(dir=top):
+                pass
+            return
+        except OSError as e:
+            raise ConfigError(f"{what} {str(path)!r}: cannot write there ({e.strerror or e})") from None
+    if not os.access(top, os.W_OK | os.X_OK):
+        raise ConfigError(f"{what} {str(path)!r}: cannot create it ({str(top)!r} is not writable)")
 
 
 @app.command()
 def simulate(
     scenario: Path = typer.Argument(..., help="Scenario YAML (see scenarios/)."),
     policy: Optional[str] = typer.Option(None, help="Override policy.name: fixed, static-pd, pearl, rlboost+, roll-partial."),
-    seed: Optional[int] = typer.Option(None, help="Override the scenario's seed."),
-    duration: Optional[float] = typer.Option(None, help="Override duration_s (virtual seconds)."),
+    seed: Optional[int] = typer.Option(None, parser=_int_in(0, MAX_SEED), help="Override the scenario's seed."),
+    duration: Optional[float] = typer.Option(None, parser=_float_in(0, MAX_DURATION_S),
+                                             help="Override duration_s (virtual seconds, at most a year)."),
     set_: list[str] = typer.Option([], "--set", help="Override any field: --set rl.staleness=2 (repeatable)."),
     output: Optional[Path] = typer.Option(None, "--out", help="Result JSON path (default runs/<name>-<policy>-s<seed>.json)."),
     trace: Optional[Path] = typer.Option(None, "--trace", help="Also write a Chrome trace (roles, steps, decisions) here; open it in Perfetto."),
@@ -60,10 +138,14 @@ def simulate(
     if duration is not None:
         over["duration_s"] = duration
     cfg = load_config(scenario, ScenarioConfig, over)
+    path = output or Path("runs") / f"{cfg.name}-{cfg.policy.name}-s{cfg.seed}.json"
+    _check_writable(path, "--out")
+    if trace is not None:
+        _check_writable(trace, "--trace")
     with out.status(f"simulating {cfg.name} ({cfg.policy.name}, {cfg.duration_s:.0f} virtual s)"):
         sim = Simulator(cfg)
         res = sim.run()
-    path = save(res, output or Path("runs") / f"{cfg.name}-{cfg.policy.name}-s{cfg.seed}.json")
+    path = save(res, path)
     _print_result(res)
     out.print(f"saved {path}")
     if trace is not None:
@@ -104,11 +186,11 @@ def _print_result(r: dict[str, Any]) -> None:
 def plan(
     model: str = typer.Option("qwen3-8b", help="Catalogue name or path to a Hugging Face config.json."),
     hardware: str = typer.Option("h800", help="h100, h800, h200, h20, a100, cpu."),
-    devices: int = typer.Option(16, min=1, help="Rollout device budget."),
+    devices: int = typer.Option(16, parser=_int_in(1, MAX_DEVICES), help=f"Rollout device budget (1 to {MAX_DEVICES})."),
     workload: str = typer.Option("swe", help="Workload profile: swe, search, game, math-tool, web."),
-    batch: int = typer.Option(256, min=1, help="Trajectories in the rollout batch."),
+    batch: int = typer.Option(256, parser=_int_in(1, MAX_BATCH), help="Trajectories in the rollout batch."),
     tp: str = typer.Option("1", help="Tensor-parallel sizes to consider, comma-separated (e.g. 1,2,4)."),
-    top: int = typer.Option(10, min=1, help="Rows to show."),
+    top: int = typer.Option(10, parser=_int_in(1, 100_000), help="Rows to show."),
 ) -> None:
     """Which PD mode and ratio for this model, hardware, budget and workload? A ranked table."""
     from pearl.control.advisor import advise
@@ -117,6 +199,9 @@ def plan(
         tps = tuple(int(x) for x in tp.split(","))
     except ValueError:
         raise ConfigError(f"--tp: expected comma-separated integers, got {tp!r}") from None
+    bad = [t for t in tps if t not in TP_SIZES]
+    if bad or len(set(tps)) != len(tps):
+        raise ConfigError(f"--tp {tp!r}: expected distinct sizes from {','.join(map(str, TP_SIZES))}")
     ranked, elapsed = advise(model, hardware, devices, workload, batch, tps)
     t = Table(title=f"{model} on {devices}× {hardware}, {workload}, batch {batch}  ({elapsed * 1e3:.1f} ms)")
     for c in ("rank", "layout", "batch time (s)", "tokens/s", "decode conc.", "bottleneck"):
@@ -165,22 +250,38 @@ def profile(
 ) -> None:
     """Measure the torch engine's step times on this machine and save a calibrated profile (hardware
     "cpu", tp 1) for `pearl train` (`profile:`) and the simulator."""
+    from pearl.real.models import SOURCES
     from pearl.real.profiling import calibrate_engine
 
+    if model not in SOURCES:
+        raise UnknownNameError("model", model, list(SOURCES))
+    _check_writable(output, "--out")
     with out.status(f"measuring {model} engine steps"):
         prof = calibrate_engine(model, output)
     out.print(f"saved {output} ({prof.model} on {prof.hardware})")
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
+    """Run the CLI. A user error (bad option, bad config, missing file) is one line on stderr,
+    `error: <message>`, and exit code 2; never a traceback or a boxed usage panel."""
     try:
-        app()
-    except PearlError as e:
-        print(f"error: {e}", file=sys.stderr)  # one line, never wrapped
+        rv = app(args=argv, prog_name="pearl", standalone_mode=False)
+    except NoArgsIsHelpError as e:  # bare `pearl`: the help, as before
+        print(e.ctx.get_help())
         sys.exit(e.exit_code)
-    except KeyboardInterrupt:
+    except UsageError as e:  # bad / unknown option, missing argument, unknown command
+        print(f"error: {one_line(e.format_message())}", file=sys.stderr)
+        sys.exit(2)
+    except ClickException as e:
+        print(f"error: {one_line(e.format_message())}", file=sys.stderr)
+        sys.exit(e.exit_code)
+    except PearlError as e:
+        print(f"error: {one_line(str(e))}", file=sys.stderr)  # one line, never wrapped
+        sys.exit(e.exit_code)
+    except (KeyboardInterrupt, typer.Abort):
         err.print("interrupted")
         sys.exit(130)
+    sys.exit(rv if isinstance(rv, int) else 0)
 
 
 if __name__ == "__main__":

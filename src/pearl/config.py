@@ -1,22 +1,81 @@
 """Typed, frozen, validated configuration.
 
 Every component receives its own sub-config. User errors become a one-line `ConfigError` naming the
-field (dotted path) and the bad value; `load_config` is the only place that reads YAML.
-"""
+field (dotted path) and the bad value; `read_yaml` is the only place that reads a YAML config file.
+Every field is exact and bounded (docs/bad-inputs.md): an integer field takes an integer (not a boolean,
+float or string), a number field a finite number, a flag a boolean, and every size has an upper bound
+(`MAX_*`), so a typo such as `rollout_devices: 1000000000` is an error, not a run whose memory grows."""
 from __future__ import annotations
 
+import math
+import numbers
+import types
+import typing
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
-from pearl.errors import ConfigError
+from pearl.errors import ConfigError, describe, one_line
 from pearl.types import LayoutShape, Mode
+
+# ---------------------------------------------------------------- bounds (checked before any work)
+MAX_DEVICES = 65536  # devices in one pool (rollout, train, elastic); also `pearl plan --devices`
+MAX_DEVICES_PER_NODE = 256
+MAX_TP = 64  # tensor-parallel size
+TP_SIZES = (1, 2, 4, 8, 16, 32, 64)  # tensor-parallel sizes a policy may choose (powers of two)
+MAX_SEQS = 65536  # sequences an engine runs at once
+MAX_TOKENS = 10_000_000  # a context, a token budget, a KV capacity
+MAX_BATCH = 1 << 20  # trajectories in one RL batch (prompts x group size)
+MAX_GROUP = 4096  # samples per prompt
+MAX_STEPS = 10_000_000  # train steps
+MAX_STALENESS = 1000  # policy versions
+MAX_DURATION_S = 365 * 24 * 3600.0  # every duration / time (a year: long virtual runs stop at max_train_steps)
+MAX_QUANTITY = 1e9  # any value of a workload distribution (tokens, turns, seconds, devices)
+MAX_SEED = 2**63 - 1
+MAX_CONFIG_BYTES = 16 << 20  # a config file is a few KB; anything this large is the wrong file
+
+
+def _exact_kind(annotation: Any) -> str | None:
+    """'int' / 'float' / 'bool' / 'ints' (a list of int) when a field, or its Optional, is exactly that."""
+    args = typing.get_args(annotation) if typing.get_origin(annotation) in (typing.Union, types.UnionType) else ()
+    inner = [a for a in args if a is not type(None)] if args else [annotation]
+    if len(inner) == 1 and typing.get_origin(inner[0]) is list and typing.get_args(inner[0]) == (int,):
+        return "ints"
+    return {int: "int", float: "float", bool: "bool"}.get(inner[0]) if len(inner) == 1 else None
+
+
+def _check_exact(kind: str, v: Any) -> None:
+    """No silent coercion: `yes` is not 1, `3.0` and `"3"` are not 3, `.inf` and `.nan` are not numbers."""
+    if kind == "int" and (isinstance(v, bool) or not isinstance(v, numbers.Integral)):
+        raise ValueError(f"expected an integer, got {describe(v)}")
+    if kind == "bool" and not isinstance(v, bool):
+        raise ValueError(f"expected true or false, got {describe(v)}")
+    if kind == "float":  # a numeric string is a number: YAML 1.1 reads `1e3` (no dot) as a string
+        try:
+            f = float(v) if isinstance(v, (numbers.Real, str)) and not isinstance(v, bool) else None
+        except (ValueError, OverflowError):  # not a number; an integer too large for a float
+            f = math.inf if isinstance(v, numbers.Integral) else None
+        if f is None:
+            raise ValueError(f"expected a number, got {describe(v)}")
+        if not math.isfinite(f):
+            raise ValueError("expected a finite number")
 
 
 class Frozen(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _exact_scalars(cls, v: Any, info: ValidationInfo) -> Any:
+        kind = _exact_kind(cls.model_fields[info.field_name].annotation) if info.field_name else None
+        if kind == "ints" and isinstance(v, (list, tuple)):
+            for x in v:
+                _check_exact("int", x)
+        elif kind is not None and v is not None:
+            _check_exact(kind, v)
+        return v
 
 
 # ---------------------------------------------------------------- distributions (workloads)
@@ -28,14 +87,14 @@ class Dist(Frozen):
     """
 
     kind: Literal["lognormal", "constant", "uniform", "geometric"] = "lognormal"
-    median: float | None = Field(default=None, gt=0)
-    p90: float | None = Field(default=None, gt=0)
-    value: float | None = Field(default=None, ge=0)
-    low: float | None = Field(default=None, ge=0)
-    high: float | None = Field(default=None, ge=0)
-    mean: float | None = Field(default=None, ge=1)
-    min: float = Field(default=0.0, ge=0)
-    cap: float | None = Field(default=None, gt=0)
+    median: float | None = Field(default=None, gt=0, le=MAX_QUANTITY)
+    p90: float | None = Field(default=None, gt=0, le=MAX_QUANTITY)
+    value: float | None = Field(default=None, ge=0, le=MAX_QUANTITY)
+    low: float | None = Field(default=None, ge=0, le=MAX_QUANTITY)
+    high: float | None = Field(default=None, ge=0, le=MAX_QUANTITY)
+    mean: float | None = Field(default=None, ge=1, le=MAX_QUANTITY)
+    min: float = Field(default=0.0, ge=0, le=MAX_QUANTITY)
+    cap: float | None = Field(default=None, gt=0, le=MAX_QUANTITY)
 
     @model_validator(mode="after")
     def _check(self) -> "Dist":
@@ -64,7 +123,7 @@ class WorkloadConfig(Frozen):
     env_latency_s: Dist | None = None
     # Per-trajectory scale of response length (long-tail trajectories are long in every turn).
     trajectory_response_scale: Dist | None = None
-    max_context: int | None = Field(default=None, gt=0)
+    max_context: int | None = Field(default=None, gt=0, le=MAX_TOKENS)
 
 
 # ---------------------------------------------------------------- cluster, engines, layout
@@ -72,44 +131,49 @@ class ElasticConfig(Frozen):
     """External devices: none, a synthetic generator, or a CSV trace (time_s,event,count[,notice_s])."""
 
     kind: Literal["none", "poisson", "csv"] = "none"
-    arrival_rate_per_h: float = Field(default=4.0, ge=0)  # poisson: arrival bursts per hour
+    arrival_rate_per_h: float = Field(default=4.0, ge=0, le=1e6)  # poisson: arrival bursts per hour
     burst: Dist = Dist(kind="constant", value=8)  # devices per arrival burst
     lifetime_s: Dist = Dist(kind="lognormal", median=3600, p90=12000)
-    notice_s: float = Field(default=30.0, ge=0)  # revocation notice
+    notice_s: float = Field(default=30.0, ge=0, le=MAX_DURATION_S)  # revocation notice
     notice_probability: float = Field(default=0.7, ge=0, le=1)  # else abrupt loss
-    max_devices: int = Field(default=16, ge=0)
-    start_s: float = Field(default=0.0, ge=0)
+    max_devices: int = Field(default=16, ge=0, le=MAX_DEVICES)
+    start_s: float = Field(default=0.0, ge=0, le=MAX_DURATION_S)
     csv: str | None = None
 
     @model_validator(mode="after")
     def _check(self) -> "ElasticConfig":
         if self.kind == "csv" and not self.csv:
             raise ValueError("elastic kind 'csv' needs 'csv' (a path)")
+        try:  # a missing file is reported when the trace is read; a binary one here
+            if self.kind == "csv" and Path(self.csv).is_file():  # type: ignore[arg-type]
+                Path(self.csv).read_bytes()[:1 << 20].decode("utf-8")  # type: ignore[arg-type]
+        except (UnicodeDecodeError, OSError):
+            raise ValueError(f"csv {self.csv!r} is not a readable text file") from None
         return self
 
 
 class ClusterConfig(Frozen):
     hardware: str = "h800"
-    rollout_devices: int = Field(default=8, ge=0)
-    train_devices: int = Field(default=8, ge=1)
-    devices_per_node: int = Field(default=8, ge=1)
+    rollout_devices: int = Field(default=8, ge=0, le=MAX_DEVICES)
+    train_devices: int = Field(default=8, ge=1, le=MAX_DEVICES)
+    devices_per_node: int = Field(default=8, ge=1, le=MAX_DEVICES_PER_NODE)
     elastic: ElasticConfig = ElasticConfig()
 
 
 class EngineConfig(Frozen):
-    tp: int = Field(default=1, ge=1)
-    max_num_seqs: int = Field(default=256, ge=1)
-    max_batched_tokens: int = Field(default=8192, ge=16)  # chunked-prefill token budget per step
+    tp: int = Field(default=1, ge=1, le=MAX_TP)
+    max_num_seqs: int = Field(default=256, ge=1, le=MAX_SEQS)
+    max_batched_tokens: int = Field(default=8192, ge=16, le=MAX_TOKENS)  # chunked-prefill token budget per step
     memory_utilization: float = Field(default=0.9, gt=0, le=1)
-    block_size: int = Field(default=16, ge=1)
+    block_size: int = Field(default=16, ge=1, le=4096)
 
 
 class LayoutConfig(Frozen):
     """The initial (and, for fixed policies, the only) layout."""
 
     mode: Mode = Mode.COLOCATED
-    prefill: int = Field(default=0, ge=0)  # disaggregated: number of prefill workers
-    decode: int = Field(default=0, ge=0)  # disaggregated: number of decode workers
+    prefill: int = Field(default=0, ge=0, le=MAX_DEVICES)  # disaggregated: number of prefill workers
+    decode: int = Field(default=0, ge=0, le=MAX_DEVICES)  # disaggregated: number of decode workers
 
     @model_validator(mode="after")
     def _check(self) -> "LayoutConfig":
@@ -125,12 +189,12 @@ class LayoutConfig(Frozen):
 
 
 class RLConfig(Frozen):
-    prompts_per_batch: int = Field(default=32, ge=1)
-    group_size: int = Field(default=8, ge=1)
-    staleness: int = Field(default=1, ge=0)  # η: max policy versions a trajectory may lag
-    max_concurrent_trajectories: int | None = Field(default=None, ge=1)
+    prompts_per_batch: int = Field(default=32, ge=1, le=MAX_BATCH)
+    group_size: int = Field(default=8, ge=1, le=MAX_GROUP)
+    staleness: int = Field(default=1, ge=0, le=MAX_STALENESS)  # η: max policy versions a trajectory may lag
+    max_concurrent_trajectories: int | None = Field(default=None, ge=1, le=MAX_BATCH)
     train_mfu: float = Field(default=0.35, gt=0, le=1)
-    train_passes: int = Field(default=1, ge=1)  # optimizer passes over each batch (ppo epochs)
+    train_passes: int = Field(default=1, ge=1, le=1000)  # optimizer passes over each batch (ppo epochs)
 
 
 class ControllerConfig(Frozen):
@@ -140,17 +204,17 @@ class ControllerConfig(Frozen):
 
     # A worker whose weights are already in the device's memory (a lent train device, a role flip
     # after a restart) serves this long after it is asked to start.
-    wake_s: float = Field(default=2.0, ge=0)
+    wake_s: float = Field(default=2.0, ge=0, le=MAX_DURATION_S)
     # Time for a worker to change role with its weights resident.
-    flip_s: float = Field(default=0.05, ge=0)
+    flip_s: float = Field(default=0.05, ge=0, le=MAX_DURATION_S)
     # Time to stop a worker once its requests are gone (tear-down, memory release).
-    stop_s: float = Field(default=0.5, ge=0)
+    stop_s: float = Field(default=0.5, ge=0, le=MAX_DURATION_S)
     # Tokens of KV one migrated request is assumed to carry (prices a migration in a plan).
-    migrate_tokens: int = Field(default=8192, ge=1)
+    migrate_tokens: int = Field(default=8192, ge=1, le=MAX_TOKENS)
     # Per-request bookkeeping when a borrowed worker is vacated (added to the trainer's wait).
-    return_request_s: float = Field(default=0.001, ge=0)
+    return_request_s: float = Field(default=0.001, ge=0, le=MAX_DURATION_S)
     # Requests assumed in flight on a lent worker when pricing an immediate return.
-    return_requests: int = Field(default=4, ge=0)
+    return_requests: int = Field(default=4, ge=0, le=MAX_SEQS)
     # Predictions this close (relative) are within the model's error: measure the runner-up instead.
     explore_band: float = Field(default=0.05, ge=0, le=1)
     # An exploration is taken only if its transition costs less than this share of the window.
@@ -160,28 +224,28 @@ class ControllerConfig(Frozen):
     full_pipeline_share: float = Field(default=0.7, ge=0, le=1)
     # A lend must save this many times what starting and vacating its workers cost (the model does
     # not see the slowdown of migrating their requests back).
-    lend_gain_factor: float = Field(default=2.0, ge=0)
+    lend_gain_factor: float = Field(default=2.0, ge=0, le=1e6)
     # Slack a lend keeps before its deadline: a fixed part plus a share of the return's cost (the
     # estimate of vacating the devices can be off, proportionally and not).
-    lend_safety_s: float = Field(default=0.25, ge=0)
-    lend_safety_share: float = Field(default=0.2, ge=0)
+    lend_safety_s: float = Field(default=0.25, ge=0, le=MAX_DURATION_S)
+    lend_safety_share: float = Field(default=0.2, ge=0, le=1e6)
     # Measured throughput corrects predictions (`control.refit`): smoothing weight of a new sample,
     # samples before a shape counts as measured, and the shortest interval that counts as a sample.
     refit_alpha: float = Field(default=0.3, gt=0, le=1)
-    refit_min_samples: int = Field(default=2, ge=1)
-    refit_min_seconds: float = Field(default=1.0, ge=0)
+    refit_min_samples: int = Field(default=2, ge=1, le=1_000_000)
+    refit_min_seconds: float = Field(default=1.0, ge=0, le=MAX_DURATION_S)
     # Expected stay of an elastic device without a notice, when the trace gives no median lifetime.
-    elastic_stay_s: float = Field(default=3600.0, gt=0)
+    elastic_stay_s: float = Field(default=3600.0, gt=0, le=MAX_DURATION_S)
     # The switching gate: hysteresis band (relative), streak for marginal candidates, and how many
     # bands make a candidate "clear" (taken at once).
-    hysteresis: float = Field(default=0.05, ge=0)
-    confirm: int = Field(default=3, ge=1)
-    clear: float = Field(default=3.0, ge=0)
+    hysteresis: float = Field(default=0.05, ge=0, le=1e6)
+    confirm: int = Field(default=3, ge=1, le=1_000_000)
+    clear: float = Field(default=3.0, ge=0, le=1e6)
     # Predictor resolution per decision: representative trajectories per class, events of the
     # batch's tail, grid points of its expected maximum, and the fixed-point tolerance.
-    predict_reps: int = Field(default=32, ge=1)
-    predict_events: int = Field(default=8, ge=1)
-    predict_grid_points: int = Field(default=48, ge=8)
+    predict_reps: int = Field(default=32, ge=1, le=4096)
+    predict_events: int = Field(default=8, ge=1, le=1024)
+    predict_grid_points: int = Field(default=48, ge=8, le=4096)
     predict_tol: float = Field(default=1e-2, gt=0, lt=1)
 
 
@@ -190,28 +254,38 @@ class PolicyConfig(Frozen):
 
     name: Literal["fixed", "pearl", "rlboost+", "static-pd", "roll-partial"] = "fixed"
     # Controller knobs (issue 3); fixed policies ignore them.
-    decision_interval_s: float = Field(default=30.0, gt=0)
-    switch_margin: float = Field(default=0.1, ge=0)  # required relative gain over cost
-    min_dwell_s: float = Field(default=60.0, ge=0)
+    decision_interval_s: float = Field(default=30.0, gt=0, le=MAX_DURATION_S)
+    switch_margin: float = Field(default=0.1, ge=0, le=1e6)  # required relative gain over cost
+    min_dwell_s: float = Field(default=60.0, ge=0, le=MAX_DURATION_S)
     borrow: bool = True
     elastic: bool = True
     adapt_pd: bool = True
     incremental: bool = True
     cost_aware: bool = True
-    return_bound_s: float = Field(default=5.0, ge=0)  # max trainer wait for a borrowed device
-    horizon_s: float = Field(default=900.0, gt=0)  # how far ahead a switch's gain is counted
+    return_bound_s: float = Field(default=5.0, ge=0, le=MAX_DURATION_S)  # max trainer wait for a borrowed device
+    horizon_s: float = Field(default=900.0, gt=0, le=MAX_DURATION_S)  # how far ahead a switch's gain is counted
     # Tensor-parallel sizes PEARL may choose (None: every size in 1, 2, 4, 8 that fits a node and
     # the model's KV heads); baselines keep engine.tp.
     tps: list[int] | None = None
     controller: ControllerConfig = ControllerConfig()
 
+    @field_validator("tps")
+    @classmethod
+    def _tps(cls, v: list[int] | None) -> list[int] | None:
+        bad = [t for t in v or () if t not in TP_SIZES]
+        if bad:
+            raise ValueError(f"tensor-parallel size {bad[0]} is not one of {', '.join(map(str, TP_SIZES))}")
+        if v is not None and (not v or len(set(v)) != len(v)):
+            raise ValueError("give distinct tensor-parallel sizes, at least one (or leave tps unset)")
+        return v
+
 
 class ScenarioConfig(Frozen):
     name: str = "scenario"
-    seed: int = 0
+    seed: int = Field(default=0, ge=0, le=MAX_SEED)
     model: str = "qwen3-8b"  # a catalogue name or a path to a Hugging Face config.json
-    duration_s: float = Field(default=3600.0, gt=0)  # virtual seconds to simulate
-    max_train_steps: int | None = Field(default=None, ge=1)
+    duration_s: float = Field(default=3600.0, gt=0, le=MAX_DURATION_S)  # virtual seconds to simulate
+    max_train_steps: int | None = Field(default=None, ge=1, le=MAX_STEPS)
     cluster: ClusterConfig = ClusterConfig()
     engine: EngineConfig = EngineConfig()
     layout: LayoutConfig = LayoutConfig()
@@ -229,6 +303,14 @@ class ScenarioConfig(Frozen):
                                  f"{need} devices but cluster.rollout_devices is {n}")
         elif n % tp:
             raise ValueError(f"cluster.rollout_devices ({n}) is not a multiple of engine.tp ({tp})")
+        node, b = self.cluster.devices_per_node, self.rl.prompts_per_batch * self.rl.group_size
+        if tp > node:
+            raise ValueError(f"engine.tp ({tp}) is larger than cluster.devices_per_node ({node})")
+        bad = [t for t in self.policy.tps or () if node % t]
+        if bad:
+            raise ValueError(f"policy.tps: {bad[0]} does not divide cluster.devices_per_node ({node})")
+        if b > MAX_BATCH:
+            raise ValueError(f"rl.prompts_per_batch x rl.group_size = {b} trajectories per batch; the most is {MAX_BATCH}")
         return self
 
 
@@ -244,11 +326,11 @@ def format_validation_error(err: ValidationError, what: str) -> str:
     if e["type"] == "extra_forbidden":
         return f"{what}: unknown field '{loc}'"
     val = e.get("input")
-    shown = "" if isinstance(val, dict) or val is None else f" = {val!r}"
+    shown = "" if isinstance(val, dict) or val is None else f" = {val!r:.60}"
     more = f" (+{len(err.errors()) - 1} more)" if len(err.errors()) > 1 else ""
     if not loc:
-        return f"{what}: {msg}{more}"
-    return f"{what}: field '{loc}'{shown}: {msg}{more}"
+        return one_line(f"{what}: {msg}{more}")
+    return one_line(f"{what}: field '{loc}'{shown}: {msg}{more}")
 
 
 def parse_config(data: dict[str, Any] | None, cls: type[T], what: str = "config") -> T:
@@ -262,27 +344,55 @@ def parse_config(data: dict[str, Any] | None, cls: type[T], what: str = "config"
         raise ConfigError(format_validation_error(err, what)) from None
 
 
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """SafeLoader that refuses a key given twice in one mapping (PyYAML silently keeps the last)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
+        keys = [(self.construct_object(k, deep=deep), k) for k, _ in node.value if k.tag != "tag:yaml.org,2002:merge"]
+        for i, (key, k) in enumerate(keys):
+            if isinstance(key, (str, int, float, bool)) and key in [x for x, _ in keys[:i]]:
+                raise yaml.constructor.ConstructorError(None, None, f"duplicate key {key!r}", k.start_mark)
+        return super().construct_mapping(node, deep=deep)
+
+
 def read_yaml(path: str | Path) -> dict[str, Any]:
+    """A YAML file whose top level is a mapping. Missing / a directory / unreadable / not UTF-8 text /
+    not YAML / empty / not a mapping / a key given twice: a one-line ConfigError naming the file."""
     p = Path(path)
     if not p.is_file():
-        raise ConfigError(f"config file not found: {p}")
+        why = "is a directory, not a YAML file" if p.is_dir() else "not a regular file" if p.exists() else "file not found"
+        raise ConfigError(f"{p}: {why}")
+    if p.stat().st_size > MAX_CONFIG_BYTES:
+        raise ConfigError(f"{p}: {p.stat().st_size} bytes is too large for a config file (the most is {MAX_CONFIG_BYTES})")
     try:
-        data = yaml.safe_load(p.read_text())
+        data = yaml.load(p.read_bytes().decode("utf-8"), Loader=_UniqueKeyLoader)  # noqa: S506 (a SafeLoader)
+    except OSError as e:
+        raise ConfigError(f"{p}: cannot read ({e.strerror or e})") from None
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"{p}: not a text file (byte {e.start} is not UTF-8)") from None
     except yaml.YAMLError as err:
-        mark = getattr(err, "problem_mark", None)
-        where = f" line {mark.line + 1}" if mark else ""
-        raise ConfigError(f"{p}:{where} is not valid YAML") from None
-    return data or {}
+        mark, problem = getattr(err, "problem_mark", None), getattr(err, "problem", None)
+        where, why = (f" line {mark.line + 1}" if mark else ""), (f" ({problem})" if problem else "")
+        raise ConfigError(one_line(f"{p}:{where} is not valid YAML{why}")) from None
+    except RecursionError:
+        raise ConfigError(f"{p}: nested too deeply") from None
+    if data is None:
+        raise ConfigError(f"{p}: the file is empty (write at least one field, or {{}} for every default)")
+    if not isinstance(data, dict):
+        raise ConfigError(f"{p}: expected a mapping of fields at the top level, got {describe(data)}")
+    return data
 
 
 def load_config(path: str | Path, cls: type[T], overrides: dict[str, Any] | None = None) -> T:
-    data = read_yaml(path)
+    data, what = read_yaml(path), str(path)
     if overrides:
-        data = deep_merge(data, overrides)
-    return parse_config(data, cls, str(path))
+        data, what = deep_merge(data, overrides), f"{path} (with overrides)"
+    return parse_config(data, cls, what)
 
 
 def deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    if not isinstance(base, dict):  # a config file whose top level is not a mapping
+        raise ConfigError(f"expected a mapping of fields at the top level to apply overrides to, got {describe(base)}")
     out = dict(base)
     for k, v in over.items():
         out[k] = deep_merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v

@@ -2,6 +2,21 @@
 exits with code 2 (no traceback). Internal bugs stay ordinary exceptions."""
 from __future__ import annotations
 
+import numbers
+from typing import Any
+
+
+def one_line(text: str) -> str:
+    """A message on one line: every run of whitespace (newlines included) becomes one space."""
+    return " ".join(str(text).split())
+
+
+def describe(v: Any) -> str:
+    """What kind of value a user gave, for messages: 'a boolean', 'a string', 'an integer', ..."""
+    kinds = ((bool, "a boolean"), (str, "a string"), (numbers.Integral, "an integer"), (numbers.Real, "a float"),
+             (dict, "a mapping"), ((list, tuple), "a list"))
+    return next((w for t, w in kinds if isinstance(v, t)), type(v).__name__)
+
 
 class PearlError(Exception):
     """Base of every error caused by the user's input or environment."""

@@ -116,3 +116,31 @@ def test_a_controller_constant_changes_what_the_controller_does():
     slow = Simulator(parse_config(slow_cfg, ScenarioConfig)).run()
     assert quick["reconfiguration"]["switches"] >= 1
     assert slow["reconfiguration"]["switches"] < quick["reconfiguration"]["switches"]
+
+
+@pytest.mark.parametrize("value, words", [
+    (True, "got a boolean"), (8.0, "got a float"), ("8", "got a string"),
+])
+def test_a_count_takes_an_integer_only(value, words):
+    msg = error({"cluster": {"rollout_devices": value}})
+    assert "'cluster.rollout_devices'" in msg and repr(value) in msg and words in msg, msg
+
+
+@pytest.mark.parametrize("data, field", [
+    ({"cluster": {"rollout_devices": 10**9}}, "cluster.rollout_devices"),
+    ({"cluster": {"elastic": {"max_devices": 10**6}}}, "cluster.elastic.max_devices"),
+    ({"engine": {"max_num_seqs": 10**7}}, "engine.max_num_seqs"),
+    ({"rl": {"group_size": 10**5}}, "rl.group_size"),
+    ({"duration_s": 1e12}, "duration_s"),
+    ({"policy": {"min_dwell_s": float("inf")}}, "policy.min_dwell_s"),
+    ({"policy": {"controller": {"predict_reps": 10**6}}}, "policy.controller.predict_reps"),
+])
+def test_sizes_and_durations_are_bounded(data, field):
+    assert f"'{field}'" in error(data)
+
+
+def test_tps_are_distinct_powers_of_two_that_fit_a_node():
+    assert "tensor-parallel size 3" in error({"policy": {"tps": [3]}})
+    assert "distinct" in error({"policy": {"tps": [1, 1]}})
+    assert "does not divide cluster.devices_per_node (4)" in error(
+        {"cluster": {"devices_per_node": 4, "rollout_devices": 8}, "policy": {"tps": [8]}})

@@ -13,8 +13,18 @@ from pydantic import Field, model_validator
 import importlib.resources
 from pathlib import Path
 
-from pearl.config import Frozen, PolicyConfig, deep_merge, parse_config, read_yaml
+from pearl.config import (MAX_DURATION_S, MAX_GROUP, MAX_SEED, MAX_SEQS, MAX_STALENESS, MAX_STEPS, MAX_TOKENS,
+                          Frozen, PolicyConfig, deep_merge, parse_config, read_yaml)
 from pearl.rl.trainer import TrainerConfig
+
+MAX_TRAIN_BATCH = 65536  # trajectories per trainer step (prompts_per_step x group_size)
+MAX_WORKERS = 1024  # rollout workers
+
+# The context (max_position_embeddings) of each runnable model, from the configs the loaders in
+# `pearl.real.models` build or read: `tiny_config()` says 4096; SmolLM2-135M-Instruct's config.json
+# says 8192. A test checks both against the loaded configs. Lengths are checked against these before
+# anything is loaded.
+MODEL_CONTEXT: dict[str, int] = {"tiny": 4096, "smollm2-135m": 8192}
 
 
 class EnvSpec(Frozen):
@@ -22,30 +32,30 @@ class EnvSpec(Frozen):
 
     name: str = "gridworld"
     kwargs: dict[str, Any] = Field(default_factory=dict)
-    timeout_s: float | None = Field(default=10.0, gt=0)
+    timeout_s: float | None = Field(default=10.0, gt=0, le=MAX_DURATION_S)
     use_system_prompt: bool = True  # the env's system prompt heads every trajectory
 
 
 class SamplingConfig(Frozen):
-    temperature: float = Field(default=1.0, ge=0)
+    temperature: float = Field(default=1.0, ge=0, le=100)
     top_p: float = Field(default=1.0, gt=0, le=1)
-    max_new_tokens: int = Field(default=32, ge=1)  # per turn; 1 when sampling is action-restricted
+    max_new_tokens: int = Field(default=32, ge=1, le=MAX_TOKENS)  # per turn; 1 when sampling is action-restricted
     restrict_actions: bool = True  # sample only the env's allowed actions when each is one token
 
 
 class EngineSettings(Frozen):
-    max_num_seqs: int = Field(default=64, ge=1)
-    max_batched_tokens: int = Field(default=1024, ge=16)
-    kv_capacity_tokens: int = Field(default=65536, ge=64)
+    max_num_seqs: int = Field(default=64, ge=1, le=MAX_SEQS)
+    max_batched_tokens: int = Field(default=1024, ge=16, le=MAX_TOKENS)
+    kv_capacity_tokens: int = Field(default=65536, ge=64, le=MAX_TOKENS)
 
 
 class TrainPolicy(PolicyConfig):
     """`PolicyConfig` with defaults for a real run on this machine's time scale (seconds, not hours)."""
 
     name: Literal["fixed", "pearl", "rlboost+", "static-pd", "roll-partial"] = "pearl"
-    decision_interval_s: float = Field(default=2.0, gt=0)
-    min_dwell_s: float = Field(default=4.0, ge=0)
-    horizon_s: float = Field(default=60.0, gt=0)
+    decision_interval_s: float = Field(default=2.0, gt=0, le=MAX_DURATION_S)
+    min_dwell_s: float = Field(default=4.0, ge=0, le=MAX_DURATION_S)
+    horizon_s: float = Field(default=60.0, gt=0, le=MAX_DURATION_S)
     borrow: bool = False
     elastic: bool = False
     tps: list[int] | None = [1]
@@ -55,15 +65,18 @@ class TrainConfig(Frozen):
     name: str = Field(default="gridworld-tiny", min_length=1)
     model: str = "tiny"
     env: EnvSpec = EnvSpec()
-    max_steps: int = Field(default=40, ge=1)
-    prompts_per_step: int = Field(default=2, ge=1)  # groups per trainer batch
-    group_size: int = Field(default=16, ge=1)  # samples per prompt (GRPO group)
-    staleness: int = Field(default=1, ge=0)  # η: the most versions a trained token may lag
+    max_steps: int = Field(default=40, ge=1, le=MAX_STEPS)
+    prompts_per_step: int = Field(default=2, ge=1, le=MAX_TRAIN_BATCH)  # groups per trainer batch
+    group_size: int = Field(default=16, ge=1, le=MAX_GROUP)  # samples per prompt (GRPO group)
+    # GRPO's advantage is a sample's reward minus its group's mean: with group_size 1 it is always 0
+    # and nothing is learned, so group_size 1 is refused unless this is set (say, to time rollouts).
+    allow_single_sample: bool = False
+    staleness: int = Field(default=1, ge=0, le=MAX_STALENESS)  # η: the most versions a trained token may lag
     sampling: SamplingConfig = SamplingConfig()
     trainer: TrainerConfig = TrainerConfig(lr=5e-4, micro_batch_size=32)
     engine: EngineSettings = EngineSettings()
-    seed: int = 0
-    rollout_workers: int = Field(default=1, ge=1)
+    seed: int = Field(default=0, ge=0, le=MAX_SEED)
+    rollout_workers: int = Field(default=1, ge=1, le=MAX_WORKERS)
     # auto: with >= 2 rollout workers, the controller's selector picks colocated or 1P:(N-1)D from a
     # PerfModel of this model on hardware "cpu" (see pearl.runtime.real.choose_layout); 1 worker: colocated
     layout: Literal["auto", "colocated", "1P:1D"] = "auto"
@@ -75,18 +88,18 @@ class TrainConfig(Frozen):
     policy: TrainPolicy = TrainPolicy()
     backend: Literal["local", "ray"] = "local"  # ray: each rollout worker is a Ray actor (may span machines)
     out_dir: str | None = None  # default runs/train-<name>
-    log_every: int = Field(default=1, ge=1)
+    log_every: int = Field(default=1, ge=1, le=MAX_STEPS)
     # Checkpoints (`ckpt-<step>` in the run directory; `pearl train --resume RUN_DIR` continues from
     # the newest whole one) every this many steps and at the end; the newest `keep_checkpoints` stay.
-    checkpoint_every: int = Field(default=10, ge=1)
-    keep_checkpoints: int = Field(default=2, ge=1)
+    checkpoint_every: int = Field(default=10, ge=1, le=MAX_STEPS)
+    keep_checkpoints: int = Field(default=2, ge=1, le=1000)
     # The policy in Hugging Face format (`policy-<step>`) every this many steps (0: only at the end,
     # as `policy`).
-    save_policy_every: int = Field(default=0, ge=0)
+    save_policy_every: int = Field(default=0, ge=0, le=MAX_STEPS)
     # Divergence: this many updates in a row with a non-finite loss or gradient stop the run with an
     # error; this many with an all-zero gradient print a warning.
-    max_nonfinite_steps: int = Field(default=3, ge=1)
-    zero_grad_warn_steps: int = Field(default=3, ge=1)
+    max_nonfinite_steps: int = Field(default=3, ge=1, le=MAX_STEPS)
+    zero_grad_warn_steps: int = Field(default=3, ge=1, le=MAX_STEPS)
     # The trainer gives up (one-line error) when no batch completes for this long: a hung rollout
     # never becomes a silent hang of the run.
     stall_timeout_s: float = Field(default=600.0, gt=0, le=86400)
@@ -94,7 +107,7 @@ class TrainConfig(Frozen):
     @model_validator(mode="after")
     def _check(self) -> "TrainConfig":
         if self.layout == "1P:1D" and self.rollout_workers < 2:
-            raise ValueError("layout '1P:1D' needs rollout_workers >= 2")
+            raise ValueError(f"layout '1P:1D' needs rollout_workers >= 2 (got {self.rollout_workers})")
         p = self.policy
         if p.name not in ("pearl", "fixed"):
             raise ValueError(f"policy.name {p.name!r}: pearl train runs 'pearl' or 'fixed'")
@@ -103,6 +116,22 @@ class TrainConfig(Frozen):
                              "(set them to false)")
         if p.tps not in (None, [1]):
             raise ValueError(f"policy.tps {p.tps}: pearl train's CPU workers run at tensor-parallel size 1 only")
+        if self.group_size == 1 and not self.allow_single_sample:
+            raise ValueError("group_size 1: GRPO's advantage (reward minus the group's mean) is then always 0 "
+                             "and nothing is learned; use group_size >= 2 (or set allow_single_sample: true)")
+        if self.batch_size > MAX_TRAIN_BATCH:
+            raise ValueError(f"prompts_per_step x group_size = {self.batch_size} trajectories per step; "
+                             f"the most is {MAX_TRAIN_BATCH}")
+        if self.trainer.micro_batch_size > MAX_TRAIN_BATCH:
+            raise ValueError(f"trainer.micro_batch_size {self.trainer.micro_batch_size}: the most is "
+                             f"{MAX_TRAIN_BATCH}")
+        mnt, kv, ctx = self.sampling.max_new_tokens, self.engine.kv_capacity_tokens, model_context(self.model)
+        if ctx is not None and mnt >= ctx:  # it would train on positions the model never saw
+            raise ValueError(f"sampling.max_new_tokens ({mnt}) does not fit the context of model {self.model!r} "
+                             f"({ctx} positions) with a prompt; use less than {ctx} (less the prompt)")
+        if mnt >= kv:
+            raise ValueError(f"sampling.max_new_tokens ({mnt}) leaves no room for a prompt in "
+                             f"engine.kv_capacity_tokens ({kv}); raise kv_capacity_tokens or lower max_new_tokens")
         return self
 
     @property
@@ -116,7 +145,8 @@ def parse_train_config(data: dict[str, Any] | None, what: str = "train config") 
 
 
 def check_names(cfg: TrainConfig) -> None:
-    """Unknown model / environment -> UnknownNameError / ConfigError, before any loading."""
+    """Unknown model / environment, a missing or bad profile -> a one-line PearlError, before any
+    loading. (Lengths past the model's context are checked by `TrainConfig` itself.)"""
     from pearl.envs.loader import resolve
     from pearl.real.models import SOURCES
     from pearl.errors import UnknownNameError
@@ -124,6 +154,15 @@ def check_names(cfg: TrainConfig) -> None:
     if cfg.model not in SOURCES:
         raise UnknownNameError("model", cfg.model, list(SOURCES))
     resolve(cfg.env.name)
+    if cfg.profile:
+        from pearl.perf.profile import load_profile
+
+        load_profile(cfg.profile)  # missing or bad file -> one-line ConfigError, before the model loads
+
+
+def model_context(model: str) -> int | None:
+    """The positions `model` can attend over (its max_position_embeddings), if known."""
+    return MODEL_CONTEXT.get(model)
 
 
 def default_config_text() -> str:
@@ -138,7 +177,7 @@ def load_train_config(config_path: Path | None, overrides: dict[str, Any] | None
     else:
         data, what = read_yaml(config_path), str(config_path)
     if overrides:
-        data = deep_merge(data, overrides)
+        data, what = deep_merge(data, overrides), f"{what} (with overrides)"
     cfg = parse_train_config(data, what)
     check_names(cfg)
     return cfg
