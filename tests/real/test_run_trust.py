@@ -190,3 +190,16 @@ def test_a_rollout_that_produces_nothing_ends_the_run_with_an_error_not_a_hang(t
         run_training(None, {"max_steps": 2, "stall_timeout_s": 1.0, "group_size": 2,
                             "env": {"name": f"{__name__}:SlowEnv", "kwargs": {}, "timeout_s": None}}, tmp_path, QUIET)
     assert time.monotonic() - t0 < 30
+
+
+def test_a_run_killed_after_its_last_checkpoint_resumes_to_its_summary_and_policy(tmp_path):
+    run_training(None, {"max_steps": 2, "checkpoint_every": 1}, tmp_path, QUIET)
+    for p in ("summary.json",):
+        (tmp_path / p).unlink()
+    import shutil
+
+    shutil.rmtree(tmp_path / "policy")
+    s = run_training(None, {}, None, QUIET, resume=tmp_path)
+    assert s["steps"] == 2 and (tmp_path / "policy" / "config.json").exists()
+    assert _trained_groups(tmp_path) == Counter(range(4))
+

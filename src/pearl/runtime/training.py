@@ -37,6 +37,7 @@ import yaml
 from rich.console import Console
 from rich.markup import escape
 
+from pearl.config import read_yaml
 from pearl.errors import ConfigError, PearlError
 from pearl.rl.trajectory import Group, Trajectory
 from pearl.runtime.checkpoint import latest_checkpoint, rng_state, save_checkpoint, save_policy, set_rng_state
@@ -90,8 +91,8 @@ def _resume_config(run_dir: Path, overrides: dict[str, Any]) -> TrainConfig:
     path = run_dir / "config.yaml"
     if not path.is_file():
         raise ConfigError(f"--resume {run_dir}: no config.yaml there (not a pearl train run directory)")
-    data = deep_merge(yaml.safe_load(path.read_text()) or {}, overrides)
-    return parse_train_config(data, str(path))
+    data = deep_merge(read_yaml(path), overrides)
+    return parse_train_config(data, str(path) + (" (with overrides)" if overrides else ""))
 
 
 # ---------------------------------------------------------------- checkpoint state
@@ -219,9 +220,11 @@ def _start(config_path: Path | None, overrides: dict[str, Any], output: Path | N
     if got is None:
         raise ConfigError(f"--resume {resume}: no whole checkpoint there to continue from")
     path, state = got
-    if state["step"] >= cfg.max_steps:
-        raise ConfigError(f"--resume {resume}: its checkpoint is at step {state['step']} and max_steps is "
+    if state["step"] > cfg.max_steps:
+        raise ConfigError(f"--resume {resume}: its checkpoint is at step {state['step']}, past max_steps "
                           f"{cfg.max_steps}; raise it (--set max_steps=N) to train further")
+    # at max_steps exactly (killed after its last checkpoint): nothing to train, the summary and the
+    # policy are written
     lines = [json.dumps(m) for m in state["history"]]  # steps after the checkpoint are trained again
     (Path(resume) / "metrics.jsonl").write_text("".join(x + "\n" for x in lines))
     return cfg, Path(resume), state
@@ -250,6 +253,7 @@ def run_training(config_path: Path | None, overrides: dict[str, Any] | None, out
     run.on_step = saver
     if state is not None:
         restore(run, state)
+        saver.last = state["step"]
         console.print(f"resumed {out_dir} at step {state['step']} (policy v{state['version']})", highlight=False)
     console.print(f"[bold]pearl train[/] {cfg.name}: model {cfg.model}, env {cfg.env.name}, "
                   f"{cfg.max_steps} steps × {cfg.prompts_per_step}×{cfg.group_size} trajectories, "
