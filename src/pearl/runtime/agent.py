@@ -22,6 +22,7 @@ resume elsewhere from their tokens) and given a new role (`set_role`): the real 
 from __future__ import annotations
 
 import threading
+import zlib
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -170,7 +171,7 @@ class AgentLoop:
         if not cands:
             self.parked.append((req, kv))
             return
-        i = cands[hash(req.session) % len(cands)]
+        i = cands[zlib.crc32(req.session.encode()) % len(cands)]  # stable across processes
         self.engines[i].submit(req, self.params, kv=kv)
         ep = self.episodes.get(req.session)
         if ep is not None and i in self.turn_targets():
