@@ -23,11 +23,12 @@ from __future__ import annotations
 
 import threading
 import zlib
+from concurrent import futures as cf
 from dataclasses import dataclass
 from typing import Any, Callable
 
 from pearl.envs import EnvRunner
-from pearl.errors import EnvironmentFailure, PearlError
+from pearl.errors import EnvironmentFailure, PearlError, ResourceError, one_line
 from pearl.real.engine import Output, TorchEngine
 from pearl.real.sampling import SamplingParams
 from pearl.rl.trajectory import Group, Trajectory
@@ -37,7 +38,7 @@ from pearl.types import Role
 @dataclass
 class Episode:
     traj: Trajectory
-    runner: EnvRunner
+    runner: EnvRunner | None  # None: the environment could not be built
     group: Group
     engine: int  # index of the engine that starts its turns (a prefill engine under PD)
 
@@ -45,7 +46,10 @@ class Episode:
 class AgentLoop:
     def __init__(self, engines: list[TorchEngine], layout: str, make_env: Callable[[], Any],
                  sampling: SamplingParams, group_size: int, env_timeout_s: float | None,
-                 use_system_prompt: bool = True):
+                 use_system_prompt: bool = True, env_workers: int = 0):
+        """`env_workers` > 0: environment resets and steps run on a pool of that many threads, off the
+        rollout thread (one slow or hung environment delays only its own trajectory); 0: inline, in
+        a fixed order (reproducible, but a slow step holds up everything)."""
         self.engines, self.layout = list(engines), layout
         self.stopped: set[int] = set()  # engine indices no longer running
         self.draining: set[int] = set()  # engine indices taking no new turns (about to stop)
@@ -60,6 +64,9 @@ class AgentLoop:
         self._turn_end = self._glue()
         self.tokens_generated = 0
         self.tokens_env = 0
+        self.pool = cf.ThreadPoolExecutor(env_workers, thread_name_prefix="pearl-env") if env_workers > 0 else None
+        self.env_pending: dict[str, tuple[Episode, str, cf.Future]] = {}  # trajectory id -> env call in flight
+        self._closed: list[Group] = []  # groups completed outside a call that returns them
 
     # ------------------------------------------------------------ weights (called from the trainer thread)
     def offer_weights(self, state_dict: dict, version: int) -> None:
@@ -85,29 +92,85 @@ class AgentLoop:
         return list(self.tok.encode("\n"))
 
     def start_group(self, gid: int, seed: int) -> list[Group]:
-        """Admit one group; returns it at once if every episode failed already at reset."""
+        """Admit one group; returns the groups that completed meanwhile (this one, if every episode
+        failed already at its environment's construction or reset)."""
         done: list[Group] = []
         group = Group(gid, self.group_size, seed, pending=self.group_size)
         for i in range(self.group_size):
             t = Trajectory(id=f"g{gid}-{i}", group_id=gid, sample_index=i, start_version=self.version,
                            info={"seed": seed})
             group.trajs.append(t)
-            runner = EnvRunner(self.make_env(), timeout_s=self.env_timeout_s)
+            try:
+                runner = EnvRunner(self.make_env(), timeout_s=self.env_timeout_s)
+            except Exception as err:  # a constructor that raises fails its own trajectory only
+                ep = Episode(t, None, group, -1)
+                self.episodes[t.id] = ep
+                done += self._fail(ep, f"environment constructor raised {type(err).__name__}: {one_line(str(err))}")
+                continue
             ep = Episode(t, runner, group, self._pick_engine())
             self.episodes[t.id] = ep
-            try:
-                obs = runner.reset(seed)
-            except EnvironmentFailure as err:
-                done += self._fail(ep, str(err))
-                continue
+            done += self._env_call(ep, "reset", seed)
+        return done + self._take_closed()
+
+    # ------------------------------------------------------------ environment calls
+    def _env_call(self, ep: Episode, kind: str, arg: Any) -> list[Group]:
+        """Reset or step `ep`'s environment: inline, or on the pool (the result is handled by
+        `collect_env` once it is there)."""
+        fn = ep.runner.reset if kind == "reset" else ep.runner.step
+        if self.pool is None:
+            return self._env_result(ep, kind, _outcome(fn, arg))
+        self.env_pending[ep.traj.id] = (ep, kind, self.pool.submit(_outcome, fn, arg))
+        return []
+
+    def collect_env(self, wait_s: float = 0.0) -> list[Group]:
+        """Handle every environment call that has finished (waiting up to `wait_s` for a first one)."""
+        if not self.env_pending:
+            return []
+        if wait_s > 0:
+            cf.wait([f for *_, f in self.env_pending.values()], timeout=wait_s, return_when=cf.FIRST_COMPLETED)
+        done: list[Group] = []
+        for tid, (ep, kind, fut) in list(self.env_pending.items()):
+            if fut.done():
+                del self.env_pending[tid]
+                done += self._env_result(ep, kind, fut.result())
+        return done
+
+    def _env_result(self, ep: Episode, kind: str, outcome: tuple[Any, str | None]) -> list[Group]:
+        res, err = outcome
+        if err is not None:
+            return self._fail(ep, err)
+        t = ep.traj
+        if kind == "reset":
             msgs = []
-            system = getattr(runner.env, "system_prompt", "")
+            system = getattr(ep.runner.env, "system_prompt", "")
             if self.use_system_prompt and system:
                 msgs.append({"role": "system", "content": system})
-            msgs.append({"role": "user", "content": obs})
+            msgs.append({"role": "user", "content": res})
             t.append_prompt(self.tok.chat(msgs))
             self._submit(ep)
-        return done
+            return self._take_closed()
+        t.add_reward(res.reward)
+        if res.done:
+            t.info.update({k: v for k, v in res.info.items() if isinstance(v, (str, int, float, bool))})
+            t.finish()
+            return self._close(ep)
+        toks = t.token_ids[-1:]
+        glue = [] if toks and toks[-1] in self.tok.stop_token_ids else [self.tok.eos_token_id]
+        nxt = glue + self._turn_end + self.tok.chat([{"role": "user", "content": res.observation}])
+        t.append_env(nxt)
+        self.tokens_env += len(nxt)
+        self._submit(ep)
+        return self._take_closed()
+
+    def close(self) -> None:
+        """End of the run: environment calls not yet started are cancelled; running ones are left to
+        their timeouts (their threads do not hold the process up)."""
+        if self.pool is not None:
+            self.pool.shutdown(wait=False, cancel_futures=True)
+
+    def _take_closed(self) -> list[Group]:
+        out, self._closed = self._closed, []
+        return out
 
     # ------------------------------------------------------------ routing by role
     def serving(self, *roles: Role) -> list[int]:
@@ -139,7 +202,10 @@ class AgentLoop:
         if engine is None and ep.engine not in self.turn_targets():
             ep.engine = self._pick_engine()  # its worker left or changed role
         e = self.engines[ep.engine if engine is None else engine]
-        e.add_request(t.token_ids, self.params, session=t.id, rid=f"{t.id}:{t.turns}", kv=kv)
+        try:
+            e.add_request(t.token_ids, self.params, session=t.id, rid=f"{t.id}:{t.turns}", kv=kv)
+        except ResourceError as err:  # e.g. an observation too large for the context: this trajectory only
+            self._closed += self._fail(ep, one_line(str(err)))
 
     def live(self) -> list[int]:
         return [i for i in range(len(self.engines)) if i not in self.stopped]
@@ -204,13 +270,14 @@ class AgentLoop:
 
     # ------------------------------------------------------------ one pass of the loop
     def has_work(self) -> bool:
-        return any(self.engines[i].has_work() for i in self.live())
+        return bool(self.env_pending) or any(self.engines[i].has_work() for i in self.live())
 
     def step(self) -> list[Group]:
         """Apply pending weights, run one step on every engine with work, advance the episodes
         whose turn finished; return the groups that completed."""
         self.apply_weights()
-        done: list[Group] = []
+        busy = any(self.engines[i].has_work() for i in self.live())
+        done: list[Group] = self.collect_env(0.0 if busy else 0.01)  # idle engines: wait for an env a little
         for idx in self.live():
             e = self.engines[idx]
             if not e.has_work():
@@ -229,22 +296,7 @@ class AgentLoop:
         toks = out.token_ids
         t.append_model(toks, out.logprobs, out.versions)
         self.tokens_generated += len(toks)
-        text = self.tok.decode(toks)
-        try:
-            res = ep.runner.step(text)
-        except EnvironmentFailure as err:
-            return self._fail(ep, str(err))
-        t.add_reward(res.reward)
-        if res.done:
-            t.info.update({k: v for k, v in res.info.items() if isinstance(v, (str, int, float, bool))})
-            t.finish()
-            return self._close(ep)
-        glue = [] if toks[-1] in self.tok.stop_token_ids else [self.tok.eos_token_id]
-        nxt = glue + self._turn_end + self.tok.chat([{"role": "user", "content": res.observation}])
-        t.append_env(nxt)
-        self.tokens_env += len(nxt)
-        self._submit(ep)
-        return []
+        return self._env_call(ep, "step", self.tok.decode(toks))
 
     def _drop(self, tid: str) -> None:
         """The episode ended: free its retained KV wherever it is held."""
@@ -258,6 +310,7 @@ class AgentLoop:
 
     def _close(self, ep: Episode) -> list[Group]:
         self._drop(ep.traj.id)
+        self.env_pending.pop(ep.traj.id, None)
         self.episodes.pop(ep.traj.id, None)
         ep.group.pending -= 1
         return [ep.group] if ep.group.pending == 0 else []
@@ -268,3 +321,14 @@ class AgentLoop:
                 "tokens_prefilled": sum(x.tokens_prefilled for x in s),
                 "tokens_decoded": sum(x.tokens_decoded for x in s),
                 "tokens_reused": sum(x.tokens_reused for x in s)}
+
+
+def _outcome(fn: Callable[[Any], Any], arg: Any) -> tuple[Any, str | None]:
+    """(result, None) or (None, the failure's one-line reason): what an env call on the pool returns."""
+    try:
+        return fn(arg), None
+    except EnvironmentFailure as err:
+        return None, str(err)
+    except Exception as err:  # EnvRunner wraps the env's own errors; anything else is still this trajectory's
+        return None, f"environment call raised {type(err).__name__}: {one_line(str(err))}"
+

@@ -40,7 +40,7 @@ from rich.markup import escape
 
 from pearl.control.observation import TrainerObs
 from pearl.control.staleness import StalenessGate
-from pearl.errors import PearlError
+from pearl.errors import ConfigError, PearlError, one_line
 from pearl.runtime.real_layout import check_memory, choose_layout, control_setting, probe_workload
 from pearl.runtime.train_config import TrainConfig
 
@@ -81,7 +81,13 @@ class Run:
 
         self.cfg, self.console, self.out_dir = cfg, console, out_dir
         env_kwargs = dict(cfg.env.kwargs)
-        probe = load_env(cfg.env.name, **env_kwargs)  # bad kwargs -> ConfigError before any model work
+        try:  # bad kwargs -> ConfigError before any model work
+            probe = load_env(cfg.env.name, **env_kwargs)
+        except PearlError:
+            raise
+        except Exception as err:  # an environment that cannot be built at all: the run cannot start
+            raise ConfigError(f"environment {cfg.env.name!r}: its constructor raised "
+                              f"{type(err).__name__}: {one_line(str(err))}") from None
         check_memory(cfg.model, cfg.rollout_workers)
         torch.manual_seed(cfg.seed)
         loaded = self.loaded = load_model(cfg.model)
@@ -167,7 +173,7 @@ class Run:
             self.backend = RayBackend(cfg, self.loaded, roles)
             self.engines, loop_cls = self.backend.engines, RayAgentLoop
         self.agent = loop_cls(self.engines, cfg.layout, make_env, self.sampling, cfg.group_size, cfg.env.timeout_s,
-                              cfg.env.use_system_prompt)
+                              cfg.env.use_system_prompt, env_workers=cfg.env.workers if cfg.backend == "local" else 0)
         self.layout = f"{cfg.layout} ({'+'.join(roles)})" + (" [ray]" if self.backend else "")
         self.control = None
         if cfg.backend == "local":

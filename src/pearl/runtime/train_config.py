@@ -32,7 +32,12 @@ class EnvSpec(Frozen):
 
     name: str = "gridworld"
     kwargs: dict[str, Any] = Field(default_factory=dict)
-    timeout_s: float | None = Field(default=10.0, gt=0, le=MAX_DURATION_S)
+    # Every reset and step is bounded (a hung environment fails its trajectory, never the run).
+    timeout_s: float = Field(default=10.0, gt=0, le=MAX_DURATION_S)
+    # Environment calls run on a pool of this many threads, off the rollout thread, so one slow or
+    # hung environment delays only its own trajectory; 0 runs them inline in a fixed order (with
+    # `staleness: 0`, runs are then reproducible step for step).
+    workers: int = Field(default=8, ge=0, le=256)
     use_system_prompt: bool = True  # the env's system prompt heads every trajectory
 
 

@@ -277,6 +277,7 @@ def run_training(config_path: Path | None, overrides: dict[str, Any] | None, out
         if not run.stop_requested:
             save_policy(run.trainer.model, run.loaded.tokenizer, out_dir / "policy")
     finally:
+        run.agent.close()
         if run.backend is not None:  # Ray actors (and Ray itself, if this run started it)
             run.backend.close()
     _report(console, summary, run, out_dir)
