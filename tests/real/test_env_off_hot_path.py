@@ -114,3 +114,35 @@ def test_an_environment_that_never_builds_is_a_one_line_error_at_start(tmp_path)
     with pytest.raises(ConfigError, match="constructor raised RuntimeError: no licence at all") as e:
         _run(tmp_path, "NeverBuilds")
     assert "\n" not in str(e.value)
+
+
+def test_two_local_engines_step_at_the_same_time():
+    from pearl.real.engine import TorchEngine
+    from pearl.real.models import load_model
+    from pearl.real.sampling import SamplingParams
+    from pearl.runtime.agent import AgentLoop
+
+    loaded = load_model("tiny")
+    spans: list[tuple[float, float]] = []
+
+    class Timed(TorchEngine):
+        def step(self):
+            t0 = time.perf_counter()
+            time.sleep(0.01)  # stands in for kernels that release the GIL
+            out = super().step()
+            spans.append((t0, time.perf_counter()))
+            return out
+
+    loop = AgentLoop([Timed(loaded, wid=0), Timed(loaded, wid=1)], "colocated", Sleepy,
+                     SamplingParams(max_new_tokens=1), 4, 5.0, parallel_engines=True)
+    Sleepy.delay = 0.0
+    try:
+        loop.start_group(0, 0)
+        loop.start_group(1, 1)
+        for _ in range(6):
+            loop.step()
+    finally:
+        Sleepy.delay = 0.1
+        loop.close()
+    spans.sort()
+    assert any(b0 < a1 for (a0, a1), (b0, b1) in zip(spans, spans[1:])), "no two engine steps overlapped"

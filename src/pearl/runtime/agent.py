@@ -46,10 +46,13 @@ class Episode:
 class AgentLoop:
     def __init__(self, engines: list[TorchEngine], layout: str, make_env: Callable[[], Any],
                  sampling: SamplingParams, group_size: int, env_timeout_s: float | None,
-                 use_system_prompt: bool = True, env_workers: int = 0):
+                 use_system_prompt: bool = True, env_workers: int = 0, parallel_engines: bool = False):
         """`env_workers` > 0: environment resets and steps run on a pool of that many threads, off the
         rollout thread (one slow or hung environment delays only its own trajectory); 0: inline, in
-        a fixed order (reproducible, but a slow step holds up everything)."""
+        a fixed order (reproducible, but a slow step holds up everything). `parallel_engines`: the
+        engines with work step at the same time, one thread each (torch releases the GIL in its
+        kernels); their outputs are handled afterwards in engine order, so results do not depend on
+        which finished first."""
         self.engines, self.layout = list(engines), layout
         self.stopped: set[int] = set()  # engine indices no longer running
         self.draining: set[int] = set()  # engine indices taking no new turns (about to stop)
@@ -66,6 +69,7 @@ class AgentLoop:
         self.tokens_env = 0
         self.pool = cf.ThreadPoolExecutor(env_workers, thread_name_prefix="pearl-env") if env_workers > 0 else None
         self.env_pending: dict[str, tuple[Episode, str, cf.Future]] = {}  # trajectory id -> env call in flight
+        self.engine_pool = cf.ThreadPoolExecutor(thread_name_prefix="pearl-engine") if parallel_engines else None
         self._closed: list[Group] = []  # groups completed outside a call that returns them
 
     # ------------------------------------------------------------ weights (called from the trainer thread)
@@ -167,6 +171,8 @@ class AgentLoop:
         their timeouts (their threads do not hold the process up)."""
         if self.pool is not None:
             self.pool.shutdown(wait=False, cancel_futures=True)
+        if self.engine_pool is not None:
+            self.engine_pool.shutdown(wait=False)
 
     def _take_closed(self) -> list[Group]:
         out, self._closed = self._closed, []
@@ -276,13 +282,14 @@ class AgentLoop:
         """Apply pending weights, run one step on every engine with work, advance the episodes
         whose turn finished; return the groups that completed."""
         self.apply_weights()
-        busy = any(self.engines[i].has_work() for i in self.live())
-        done: list[Group] = self.collect_env(0.0 if busy else 0.01)  # idle engines: wait for an env a little
-        for idx in self.live():
-            e = self.engines[idx]
-            if not e.has_work():
-                continue
-            for out in e.step():
+        work = [i for i in self.live() if self.engines[i].has_work()]
+        done: list[Group] = self.collect_env(0.0 if work else 0.01)  # idle engines: wait for an env a little
+        if self.engine_pool is not None and len(work) > 1:
+            outs = list(self.engine_pool.map(lambda i: self.engines[i].step(), work))
+        else:
+            outs = [self.engines[i].step() for i in work]
+        for idx, got in zip(work, outs):
+            for out in got:
                 done += self._on_output(idx, out)
         return done
 

@@ -173,7 +173,8 @@ class Run:
             self.backend = RayBackend(cfg, self.loaded, roles)
             self.engines, loop_cls = self.backend.engines, RayAgentLoop
         self.agent = loop_cls(self.engines, cfg.layout, make_env, self.sampling, cfg.group_size, cfg.env.timeout_s,
-                              cfg.env.use_system_prompt, env_workers=cfg.env.workers if cfg.backend == "local" else 0)
+                              cfg.env.use_system_prompt, env_workers=cfg.env.workers if cfg.backend == "local" else 0,
+                              parallel_engines=cfg.engine.parallel_steps and cfg.backend == "local")
         self.layout = f"{cfg.layout} ({'+'.join(roles)})" + (" [ray]" if self.backend else "")
         self.control = None
         if cfg.backend == "local":

@@ -52,6 +52,10 @@ class EngineSettings(Frozen):
     max_num_seqs: int = Field(default=64, ge=1, le=MAX_SEQS)
     max_batched_tokens: int = Field(default=1024, ge=16, le=MAX_TOKENS)
     kv_capacity_tokens: int = Field(default=65536, ge=64, le=MAX_TOKENS)
+    # Local rollout workers step at the same time, one thread each (torch kernels release the GIL):
+    # with a model whose steps are mostly matrix work (SmolLM2) two workers roll out faster than one;
+    # with the tiny model the Python around its kernels dominates and it hardly matters.
+    parallel_steps: bool = True
 
 
 class TrainPolicy(PolicyConfig):
