@@ -38,7 +38,7 @@ import torch
 from rich.console import Console
 from rich.markup import escape
 
-from pearl.control.observation import TrainerObs
+from pearl.control.observation import TrainerIdle, TrainerNeedsDevices, TrainerObs
 from pearl.control.staleness import StalenessGate
 from pearl.errors import ConfigError, PearlError, one_line
 from pearl.runtime.real_layout import check_memory, choose_layout, control_setting, probe_workload
@@ -127,6 +127,7 @@ class Run:
         self.trained_staleness: list[int] = []
         self.training = False
         self.batch_ready_t: list[float] = []  # control-clock times the trainer found a full batch
+        self.device_waits: list[float] = []  # seconds the trainer waited for its lent device, per step
 
     def _sampling(self, probe: Any) -> tuple[int, ...] | None:
         """Sampling parameters; the env's allowed actions when each is one token (then one token a turn)."""
@@ -186,6 +187,12 @@ class Run:
 
             self.control = RealControl(self.agent, cfg.policy, self.setting, make_engine, self._trainer_obs)
 
+    def _post(self, ev: Any, wait: bool) -> float:
+        """A trainer event for the controller (only when borrowing is on); the seconds waited."""
+        if self.control is None or not self.cfg.policy.borrow:
+            return 0.0
+        return self.control.post(ev, wait, self.stop)
+
     def now(self) -> float:
         """Seconds on the run's one clock (the controller's, when there is one): trace times."""
         return self.control.clock.now if self.control is not None else time.perf_counter() - self._t0
@@ -205,6 +212,7 @@ class Run:
         try:
             while not self.stop.is_set():
                 if self.control is not None:
+                    self.control.handle_events()
                     self.control.clock.run_due()  # the controller's ticks and delayed actions, between steps
                 with self.lock:
                     self._admit()
@@ -291,6 +299,7 @@ class Run:
             self.batch_ready_t.append(self.control.clock.now)
         if not batch:  # every trajectory failed or was stale: no update, the run goes on
             return {"version": self.trainer.version, "reward_mean": None, "success_rate": None, "skipped": False}
+        self.device_waits.append(self._post(TrainerNeedsDevices(), wait=True))  # a lent device comes back
         self.training, t0 = True, self.now()
         if self.control is not None:
             self.control.training(True)
@@ -300,6 +309,7 @@ class Run:
             self.training = False
             if self.control is not None:
                 self.control.training(False)
+            self._post(TrainerIdle(), wait=False)  # its device may be lent until the next batch
             self.log.span(f"step {self.trainer.version}", "train", t0, self.now(), "trainer",
                           {"trajectories": len(batch)})
         m = {k: tm[k] for k in ("version", "loss", "grad_norm", "clip_fraction", "reward_mean", "reward_std",

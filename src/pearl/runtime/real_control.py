@@ -5,14 +5,17 @@ over the local engines, so the same `Controller` the simulator drives decides on
 Devices are slots: one per rollout worker (pool rollout) and the trainer's (pool train), recorded in
 a `ClusterState` like the simulator's. What the local backend can do: start a worker (a new engine
 sharing the weights of a live one, so it serves the current version at once), stop one (its requests
-move with their KV or resume from their tokens), drain one, give one a new role. Lending and
-reclaiming the trainer's device are not available here yet (`TrainConfig` refuses `policy.borrow`).
-All calls run on the rollout thread, between engine steps: the controller ticks there
-(`WallClock.run_due`).
+move with their KV or resume from their tokens), drain one, give one a new role, lend the trainer's
+slot to a worker while the trainer waits for its batch and reclaim it. All actuator calls run on the
+rollout thread, between engine steps: the controller ticks there (`WallClock.run_due`), and the
+trainer's events (`TrainerIdle`, `TrainerNeedsDevices`) reach it through `post` / `handle_events`;
+the trainer waits until its device is back.
 """
 from __future__ import annotations
 
+import queue
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -43,6 +46,7 @@ class RealControl:
         for i, e in enumerate(agent.engines):
             self._register(i, (self.rollout[i],), e.role)
         self._active_integral, self._last_t = 0.0, 0.0
+        self.events: queue.Queue = queue.Queue()  # (event, done) from the trainer thread
         self.driver = ControlDriver(make_controller(policy, setting), self.clock, self, self.observe)
 
     def _register(self, idx: int, devices: tuple[int, ...], role: Role) -> None:
@@ -53,6 +57,29 @@ class RealControl:
         self.wid_of[idx], self.engine_of[wid] = wid, idx
 
     # ------------------------------------------------------------------ observing
+    # ------------------------------------------------------------------ trainer events
+    def post(self, ev: Any, wait: bool, stop: threading.Event) -> float:
+        """Trainer thread: hand `ev` (TrainerIdle, TrainerNeedsDevices) to the rollout thread, which owns
+        the engines; with `wait`, until it is carried out (or the run stops). Returns the seconds waited."""
+        done = threading.Event()
+        t0 = time.perf_counter()
+        self.events.put((ev, done))
+        while wait and not done.wait(0.05) and not stop.is_set():
+            pass
+        return time.perf_counter() - t0 if wait else 0.0
+
+    def handle_events(self) -> None:
+        """Rollout thread, between engine steps: carry out the trainer's events."""
+        while True:
+            try:
+                ev, done = self.events.get_nowait()
+            except queue.Empty:
+                return
+            try:
+                self.driver.event(ev)
+            finally:
+                done.set()
+
     def training(self, busy: bool) -> None:
         """The trainer starts or ends a step on its device (called from the trainer thread)."""
         with self.lock:
@@ -110,10 +137,14 @@ class RealControl:
             self.state.set_role(self.clock.now, worker, role)
 
     def lend(self, devices: tuple[int, ...], deadline: float) -> None:
-        raise NotImplementedError("pearl train does not lend the trainer's device yet (policy.borrow is off)")
+        with self.lock:
+            for d in devices:
+                self.state.lend(self.clock.now, d, deadline)
 
     def reclaim(self, devices: tuple[int, ...]) -> None:
-        raise NotImplementedError("pearl train does not lend the trainer's device yet (policy.borrow is off)")
+        with self.lock:
+            for d in devices:
+                self.state.reclaim(self.clock.now, d)
 
     def push_weights(self, version: int) -> None:
         self.agent.apply_weights()  # the trainer offers snapshots; the newest lands between steps

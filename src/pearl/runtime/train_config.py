@@ -13,6 +13,7 @@ from pydantic import Field, model_validator
 import importlib.resources
 from pathlib import Path
 
+from pearl.config import ControllerConfig
 from pearl.config import (MAX_DURATION_S, MAX_GROUP, MAX_SEED, MAX_SEQS, MAX_STALENESS, MAX_STEPS, MAX_TOKENS,
                           Frozen, PolicyConfig, deep_merge, parse_config, read_yaml)
 from pearl.rl.trainer import TrainerConfig
@@ -65,9 +66,13 @@ class TrainPolicy(PolicyConfig):
     decision_interval_s: float = Field(default=2.0, gt=0, le=MAX_DURATION_S)
     min_dwell_s: float = Field(default=4.0, ge=0, le=MAX_DURATION_S)
     horizon_s: float = Field(default=60.0, gt=0, le=MAX_DURATION_S)
+    # Lend the trainer's core to an extra rollout worker while the trainer waits for its batch
+    # (`pearl.control.borrowing`); it is handed back, requests migrated, before the next step.
     borrow: bool = False
     elastic: bool = False
     tps: list[int] | None = [1]
+    # On CPU a worker that shares the weights of a live one starts (and stops) in milliseconds.
+    controller: ControllerConfig = ControllerConfig(wake_s=0.05, stop_s=0.05, migrate_tokens=1024)
 
 
 class TrainConfig(Frozen):
@@ -92,8 +97,8 @@ class TrainConfig(Frozen):
     profile: str | None = None  # a saved profile (`pearl profile`) for layout auto; else a quick calibration
     # The controller ticked on the wall clock during the run (`pearl.control`): `pearl` re-decides
     # the layout every `decision_interval_s` (decisions in summary.json); `fixed` keeps the first one.
-    # Borrowing and elastic devices are not available to `pearl train` yet (its local workers share
-    # one process), so they are off here.
+    # `policy.borrow: true` lends the trainer's core to an extra rollout worker while it waits for
+    # its batch. Elastic devices are not available to `pearl train` yet.
     policy: TrainPolicy = TrainPolicy()
     backend: Literal["local", "ray"] = "local"  # ray: each rollout worker is a Ray actor (may span machines)
     out_dir: str | None = None  # default runs/train-<name>
@@ -120,9 +125,10 @@ class TrainConfig(Frozen):
         p = self.policy
         if p.name not in ("pearl", "fixed"):
             raise ValueError(f"policy.name {p.name!r}: pearl train runs 'pearl' or 'fixed'")
-        if p.borrow or p.elastic:
-            raise ValueError("policy.borrow and policy.elastic are not supported by pearl train yet "
-                             "(set them to false)")
+        if p.elastic:
+            raise ValueError("policy.elastic is not supported by pearl train yet (set it to false)")
+        if p.borrow and self.backend != "local":
+            raise ValueError("policy.borrow needs backend 'local' (the Ray backend keeps its first layout)")
         if p.tps not in (None, [1]):
             raise ValueError(f"policy.tps {p.tps}: pearl train's CPU workers run at tensor-parallel size 1 only")
         if self.group_size == 1 and not self.allow_single_sample:
