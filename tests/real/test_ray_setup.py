@@ -98,7 +98,9 @@ def head(tmp_path_factory):
     tmp = Path("/tmp") / f"pearl-ray-{os.getpid()}"  # short: Ray's socket paths must fit 107 bytes
     cmd = [str(RAY_BIN), "start", "--head", "--block", "--port", str(port), "--node-ip-address", "127.0.0.1",
            "--num-cpus", "1", "--include-dashboard", "false", "--disable-usage-stats", "--temp-dir", str(tmp)]
-    proc = subprocess.Popen(cmd, env=_env(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=token), start_new_session=True,
+    env = _env(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=token)
+    env.pop("PYTHONPATH")  # like a second machine: its workers get pearl from the driver (runtime_env py_modules)
+    proc = subprocess.Popen(cmd, env=env, start_new_session=True, cwd=tmp_path_factory.getbasetemp(),
                             stdout=open(logs / "head.log", "w"), stderr=subprocess.STDOUT)
     try:
         deadline = time.monotonic() + 60
