@@ -32,9 +32,16 @@ FAST = {"prompts_per_step": 1, "group_size": 2, "backend": "ray", "rollout_worke
 
 
 def _env(**extra: str) -> dict[str, str]:
-    """This environment without any RAY_* setting, Ray on loopback only, the project on the path."""
+    """This environment without any RAY_* setting, the project on the path. Plain Ray processes get
+    Ray's single-node switch, which keeps 127.0.0.1 as it is (`pearl train` sets it itself)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
     env.update(PYTHONPATH=str(ROOT / "src"), RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0", **extra)
+    return env
+
+
+def _pearl_env(**extra: str) -> dict[str, str]:
+    env = _env(**extra)
+    del env["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"]
     return env
 
 
@@ -100,8 +107,9 @@ def head(tmp_path_factory):
            "--num-cpus", "1", "--include-dashboard", "false", "--disable-usage-stats", "--temp-dir", str(tmp)]
     env = _env(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=token)
     env.pop("PYTHONPATH")  # like a second machine: its workers get pearl from the driver (runtime_env py_modules)
-    proc = subprocess.Popen(cmd, env=env, start_new_session=True, cwd=tmp_path_factory.getbasetemp(),
-                            stdout=open(logs / "head.log", "w"), stderr=subprocess.STDOUT)
+    with open(logs / "head.log", "w") as log:
+        proc = subprocess.Popen(cmd, env=env, start_new_session=True, cwd=tmp_path_factory.getbasetemp(),
+                                stdout=log, stderr=subprocess.STDOUT)
     try:
         deadline = time.monotonic() + 60
         while "Ray runtime started" not in (logs / "head.log").read_text():
@@ -149,7 +157,7 @@ def _train(address: str, out: Path, env: dict[str, str], timeout: float = 240) -
 
 def test_address_joins_a_cluster_started_by_hand_and_trains(head, tmp_path):
     address, token = head
-    p, err = _train(address, tmp_path / "run", _env(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=token))
+    p, err = _train(address, tmp_path / "run", _pearl_env(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=token))
     assert p.returncode == 0, err[-3000:]
     s = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert s["steps"] == 1 and "[ray]" in s["layout"] and s["ray_workers_lost"] == 0
@@ -161,7 +169,7 @@ def test_address_joins_a_cluster_started_by_hand_and_trains(head, tmp_path):
 def test_token_auth_refuses_a_driver_without_the_token(head, tmp_path):
     address, token = head
     fast_fail = {"RAY_gcs_server_port_wait_time_s": "2"}  # Ray retries a refused connection ~20 s by default
-    wrong = _env(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=secrets.token_hex(32), **fast_fail)
+    wrong = _pearl_env(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=secrets.token_hex(32), **fast_fail)
     p, err = _train(address, tmp_path / "run", wrong, timeout=120)
     last = err.strip().splitlines()[-1]  # (the lines above it are Ray's own log)
     assert p.returncode == 2 and last.startswith(f"error: the Ray cluster at {address} refused this driver "
