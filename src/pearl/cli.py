@@ -219,12 +219,17 @@ def train(
     output: Optional[Path] = typer.Option(None, "--out", help="Run directory (default runs/<name>-<date>-<time>)."),
     resume: Optional[Path] = typer.Option(None, "--resume", help="Continue this run directory from its newest checkpoint."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace the run directory given by --out if it holds a run."),
+    address: Optional[str] = typer.Option(None, "--address", help="Join this running Ray cluster (auto, or the head's HOST:PORT); sets backend ray and ray_address."),
 ) -> None:
     """Train an agent for real (torch engines + GRPO trainer) with the PEARL rollout stack."""
     from pearl.runtime.training import RunInterrupted, run_training
 
+    over = _parse_sets(set_)
+    if address is not None:  # overrides ray_address from the config and --set; backend ray unless --set says
+        over["ray_address"] = address
+        over.setdefault("backend", "ray")
     try:
-        run_training(config, _parse_sets(set_), output, out, resume=resume, overwrite=overwrite)
+        run_training(config, over, output, out, resume=resume, overwrite=overwrite)
     except RunInterrupted as e:  # a clean stop, not an error: say how to continue
         print(str(e), file=sys.stderr)
         raise typer.Exit(e.exit_code) from None

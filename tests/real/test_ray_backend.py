@@ -1,5 +1,6 @@
-"""`pearl train` with `backend: ray` (each rollout worker a Ray actor): a short run completes within η,
-and a worker killed mid-run loses no trajectory (each is trained, failed, stale or still unfinished)."""
+"""`pearl train` with `backend: ray` (each rollout worker a Ray actor): a short run completes within η
+on a local instance that listens on 127.0.0.1 only, and a worker killed mid-run loses no trajectory
+(each is trained, failed, stale or still unfinished)."""
 import json
 import threading
 import time
@@ -25,9 +26,25 @@ def _accounted(s):
     assert c["ok"] + c["failed"] + c["stale"] + s["trajectories_unfinished"] == s["trajectories_admitted"], s
 
 
+def _listening_hosts(seen: set[str], metrics) -> None:
+    """Once the run has trained a step: the addresses its Ray processes (our descendants) listen on."""
+    psutil = pytest.importorskip("psutil")
+    deadline = time.monotonic() + 240
+    while time.monotonic() < deadline and not (metrics.exists() and metrics.read_text().strip()):
+        time.sleep(0.05)
+    pids = {p.pid for p in psutil.Process().children(recursive=True)}
+    seen.update(c.laddr.ip for c in psutil.net_connections("tcp") if c.pid in pids and c.status == psutil.CONN_LISTEN)
+
+
 def test_ray_two_steps_complete_within_eta(tmp_path):
     assert not ray.is_initialized()
+    hosts: set[str] = set()
+    t = threading.Thread(target=_listening_hosts, args=(hosts, tmp_path / "metrics.jsonl"), daemon=True)
+    t.start()
     s = _run(tmp_path, max_steps=2, staleness=1)
+    t.join(timeout=5)
+    # The local instance pearl started listens on loopback only (GCS, raylet, workers): never reachable.
+    assert hosts and hosts <= {"127.0.0.1", "::ffff:127.0.0.1"}, hosts
     lines = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert [m["step"] for m in lines] == [1, 2]
     assert s["final_version"] == 2 and s["staleness_max"] <= 1 and "[ray]" in s["layout"]

@@ -10,16 +10,20 @@
   that dies (`RayActorError`) loses no trajectory: each of its in-flight trajectories is resubmitted
   from its collected tokens to a live worker (its partial turn is resampled), or failed with a reason
   when none can take it. Both are counted in the summary.
-- `RayBackend` starts Ray when it is not running yet (and stops it at `close` only then), creates the
-  actors and waits until they are ready; a Ray that will not start is a one-line `PearlError`.
+- `RayBackend` joins the Ray cluster at `ray_address` (or RAY_ADDRESS) with no resource arguments,
+  shipping this package to its nodes, or starts a local instance: this host's CPUs, 127.0.0.1 only,
+  token authentication. It refuses at once actors the cluster's free CPUs cannot host (`ResourceError`)
+  and waits a bounded time for the others; `close` disconnects only what it connected.
 """
 from __future__ import annotations
 
+import os
 import time
 import uuid
+from pathlib import Path
 from typing import Any
 
-from pearl.errors import PearlError
+from pearl.errors import PearlError, ResourceError
 from pearl.runtime.agent import AgentLoop, Episode, Group
 
 try:
@@ -30,6 +34,9 @@ except ImportError:  # pragma: no cover - ray is an optional dependency
     RayActorError = RuntimeError  # type: ignore[misc,assignment]
 
 READY_TIMEOUT_S = 180.0  # actor start (process spawn + torch import + model build) on a busy 2-core box
+FORWARDED = frozenset({"holds", "kv_used", "load", "export_kv", "import_kv", "abort", "migrate_out"})
+LOOPBACK = ("127.0.0.1", "localhost", "[::1]")
+PEARL_DIR = Path(__file__).resolve().parents[1]  # the package, shipped to a joined cluster's nodes
 
 
 class EngineWorker:
@@ -111,26 +118,11 @@ class EngineProxy:
     def drop_session(self, session: str) -> None:
         self.actor.drop_if_held.remote(session)  # actor calls run in submission order: no wait needed
 
-    def holds(self, session: str) -> int:
-        return ray.get(self.actor.call.remote("holds", session))
-
-    def kv_used(self) -> int:
-        return ray.get(self.actor.call.remote("kv_used"))
-
-    def load(self) -> int:
-        return ray.get(self.actor.call.remote("load"))
-
-    def export_kv(self, session: str) -> Any:
-        return ray.get(self.actor.call.remote("export_kv", session))
-
-    def import_kv(self, session: str, blob: Any) -> None:
-        ray.get(self.actor.call.remote("import_kv", session, blob))
-
-    def abort(self, rid: Any, keep_kv: bool = False) -> Any:
-        return ray.get(self.actor.call.remote("abort", rid, keep_kv))
-
-    def migrate_out(self, rid: Any) -> Any:
-        return ray.get(self.actor.call.remote("migrate_out", rid))
+    def __getattr__(self, name: str) -> Any:
+        """The other engine methods the loop calls, each a call on the actor (`EngineWorker.call`)."""
+        if name not in FORWARDED:
+            raise AttributeError(name)
+        return lambda *args, **kwargs: ray.get(self.actor.call.remote(name, *args, **kwargs))
 
     def migrate_in(self, m: Any) -> Any:
         req = ray.get(self.actor.call.remote("migrate_in", m))
@@ -291,22 +283,40 @@ class RayAgentLoop(AgentLoop):
                 "ray_trajectories_failed_worker_lost": self.failed_worker_lost}
 
 
+def token_auth() -> bool:
+    """Token auth (Ray >= 2.52) for the local instance we start: RAY_AUTH_MODE=token for us and its
+    processes; a token where Ray looks (RAY_AUTH_TOKEN, file RAY_AUTH_TOKEN_PATH, ~/.ray/auth_token),
+    else one generated into that file, mode 0600. False where this Ray has no token auth."""
+    try:
+        from ray._private.authentication.authentication_token_generator import generate_new_authentication_token
+        from ray._raylet import AuthenticationTokenLoader, Config
+    except ImportError:
+        return False
+    os.environ["RAY_AUTH_MODE"] = "token"
+    Config.initialize("")  # Ray caches its config: re-read RAY_AUTH_MODE (as Ray's own ray.init does)
+    loader = AuthenticationTokenLoader.instance()
+    if not loader.has_token(ignore_auth_mode=True):
+        path = Path(os.environ.get("RAY_AUTH_TOKEN_PATH") or Path.home() / ".ray" / "auth_token")
+        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        with os.fdopen(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "w") as f:
+            f.write(generate_new_authentication_token())
+        loader.reset_cache()
+    return True
+
+
 class RayBackend:
-    """Starts Ray (if needed) and one `EngineWorker` actor per rollout worker; `close` undoes both."""
+    """Joins or starts Ray (unless connected) and one `EngineWorker` actor per worker; `close` undoes both."""
 
     def __init__(self, cfg: Any, loaded: Any, roles: list[str], num_cpus: float = 1.0):
         if ray is None:
             raise PearlError("backend 'ray' needs the ray package (pip install ray); or set backend: local")
         self.started = False
         self.actors: list[Any] = []
+        self.address = getattr(cfg, "ray_address", None) or os.environ.get("RAY_ADDRESS") or None
         if not ray.is_initialized():
-            try:
-                ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, ignore_reinit_error=True)
-            except Exception as err:  # noqa: BLE001 - any start failure is the user's environment
-                msg = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-                raise PearlError(f"Ray failed to start ({msg}); set backend: local to train without Ray") from None
-            self.started = True
+            self._connect()
         try:
+            self._check_resources(len(roles), num_cpus)
             weights = ray.put({k: v.detach().cpu() for k, v in loaded.hf_model.state_dict().items()})
             es = cfg.engine
             settings = {"max_num_seqs": es.max_num_seqs, "max_batched_tokens": es.max_batched_tokens,
@@ -321,6 +331,45 @@ class RayBackend:
         except BaseException:
             self.close()
             raise
+
+    def _connect(self) -> None:
+        """Join the cluster at `self.address`, no resource arguments; else start a local instance."""
+        from ray._private import ray_constants as rc
+
+        # Ray turns 127.0.0.1 into the host's outward address (`resolve_ip_for_localhost`) unless its
+        # single-node switch is off: off while a local instance starts, all its processes use 127.0.0.1.
+        addr, multi = self.address, rc.ENABLE_RAY_CLUSTER
+        rc.ENABLE_RAY_CLUSTER = multi and bool(addr) and addr.rsplit(":", 1)[0] not in LOOPBACK
+        try:
+            if addr:  # the joined cluster authenticates as it was started (see README, "Ray: ...")
+                ray.init(address=addr, log_to_driver=False, runtime_env={"py_modules": [str(PEARL_DIR)]})
+            else:
+                token_auth()
+                ray.init(num_cpus=len(os.sched_getaffinity(0)), include_dashboard=False, log_to_driver=False,
+                         _node_ip_address="127.0.0.1")
+        except Exception as err:  # noqa: BLE001 - any start failure is the user's environment
+            root = err.__cause__ or err  # a refused token: an AuthenticationError in the cause or in its text
+            if addr and any(w in f"{err!r} {root!r}" for w in ("AuthenticationError", "InvalidAuthToken")):
+                raise PearlError(f"the Ray cluster at {addr} refused this driver (AuthenticationError: no token or a "
+                                 "wrong one); set RAY_AUTH_MODE=token and the cluster's token in RAY_AUTH_TOKEN, "
+                                 "RAY_AUTH_TOKEN_PATH or ~/.ray/auth_token") from None
+            msg = f"{type(root).__name__}: {(str(root).strip().splitlines() or [''])[0]}".rstrip(": ")
+            raise PearlError(f"could not join the Ray cluster at {addr} ({msg})" if addr else
+                             f"Ray failed to start ({msg}); set backend: local to train without Ray") from None
+        finally:
+            rc.ENABLE_RAY_CLUSTER = multi
+        self.started = True
+        if not addr and (ip := ray.util.get_node_ip_address()) != "127.0.0.1":  # never run reachable by accident
+            self.close()
+            raise PearlError(f"Ray started its local instance on {ip}, not 127.0.0.1; set backend: local")
+
+    def _check_resources(self, n: int, per: float) -> None:
+        """Refuse at once (not after READY_TIMEOUT_S) actors that the cluster's free CPUs cannot host."""
+        need, have = n * per, ray.available_resources().get("CPU", 0.0)
+        if have < need:
+            of = f" (of {t:g})" if (t := ray.cluster_resources().get("CPU", 0.0)) != have else ""
+            raise ResourceError(f"rollout_workers {n} need {need:g} CPUs on the Ray cluster; it has {have:g} "
+                                f"available{of}; lower rollout_workers, add Ray nodes, or set backend: local")
 
     def _wait_ready(self) -> None:
         t0 = time.monotonic()

@@ -6,6 +6,7 @@ environment names are checked by `check_names` before anything heavy is loaded.
 """
 from __future__ import annotations
 
+import re
 from typing import Any, Literal
 
 from pydantic import Field, model_validator
@@ -101,6 +102,9 @@ class TrainConfig(Frozen):
     # its batch. Elastic devices are not available to `pearl train` yet.
     policy: TrainPolicy = TrainPolicy()
     backend: Literal["local", "ray"] = "local"  # ray: each rollout worker is a Ray actor (may span machines)
+    # backend ray: join this running Ray cluster ("auto": the one started on this machine with `ray start`,
+    # or HOST:PORT, its head's GCS address; `pearl train --address` sets it), else start a local instance.
+    ray_address: str | None = Field(default=None, min_length=1, max_length=262)
     out_dir: str | None = None  # default runs/train-<name>
     log_every: int = Field(default=1, ge=1, le=MAX_STEPS)
     # Checkpoints (`ckpt-<step>` in the run directory; `pearl train --resume RUN_DIR` continues from
@@ -131,6 +135,8 @@ class TrainConfig(Frozen):
             raise ValueError("policy.borrow needs backend 'local' (the Ray backend keeps its first layout)")
         if p.tps not in (None, [1]):
             raise ValueError(f"policy.tps {p.tps}: pearl train's CPU workers run at tensor-parallel size 1 only")
+        if self.ray_address is not None:
+            _check_ray_address(self.ray_address, self.backend)
         if self.group_size == 1 and not self.allow_single_sample:
             raise ValueError("group_size 1: GRPO's advantage (reward minus the group's mean) is then always 0 "
                              "and nothing is learned; use group_size >= 2 (or set allow_single_sample: true)")
@@ -153,6 +159,20 @@ class TrainConfig(Frozen):
     def batch_size(self) -> int:
         """Trajectories per trainer step (the staleness gate's B)."""
         return self.prompts_per_step * self.group_size
+
+
+_HOST_PORT = re.compile(r"(?:[A-Za-z0-9](?:[A-Za-z0-9.-]{0,252})|\[[0-9A-Fa-f:.]{2,45}\]):([0-9]{1,5})")
+
+
+def _check_ray_address(addr: str, backend: str) -> None:
+    if backend != "ray":
+        raise ValueError(f"ray_address {addr!r} is set but backend is {backend!r}; set backend: ray")
+    if addr.startswith("ray://"):
+        raise ValueError(f"ray_address {addr!r}: Ray Client (ray://) is not supported; give the head's "
+                         "address HOST:PORT (its GCS port, 6379 by default) or auto")
+    m = _HOST_PORT.fullmatch(addr)
+    if addr != "auto" and not (m and 1 <= int(m.group(1)) <= 65535):
+        raise ValueError(f"ray_address {addr!r}: expected auto or HOST:PORT (the Ray head's address, port 1 to 65535)")
 
 
 def parse_train_config(data: dict[str, Any] | None, what: str = "train config") -> TrainConfig:
