@@ -63,10 +63,10 @@ def test_fixed_policy_keeps_the_layout_and_decides_nothing(tmp_path):
     assert s["decisions"] == [] and s["controller"]["layout_final"] == "1P:1D"
 
 
-def test_borrowing_in_pearl_train_is_refused_in_one_line():
+def test_elastic_devices_in_pearl_train_are_refused_in_one_line():
     with pytest.raises(ConfigError) as e:
-        load_train_config(None, {"policy": {"borrow": True}})
-    assert "policy.borrow" in str(e.value) and "\n" not in str(e.value)
+        load_train_config(None, {"policy": {"elastic": True}})
+    assert "policy.elastic" in str(e.value) and "\n" not in str(e.value)
 
 
 def _traj(version, ok=True):
@@ -87,3 +87,40 @@ def test_a_group_finishing_after_later_ones_is_discarded_as_stale_and_its_slots_
     before = gate.capacity(3)
     gate.on_discard(stale)
     assert gate.capacity(3) == before + stale  # the discarded trajectories' slots come back
+
+
+class SlowTurns:
+    """Three turns of 0.2 s: the rollout, not the trainer, is the bottleneck, so the trainer idles."""
+
+    name, max_turns, allowed_actions, system_prompt = "slow", 3, ["U", "D"], ""
+
+    def __init__(self, **kwargs):
+        self.turn = 0
+
+    def reset(self, seed: int) -> str:
+        self.turn = 0
+        return "go"
+
+    def step(self, text: str):
+        import time
+
+        from pearl.envs import StepResult
+
+        time.sleep(0.2)
+        self.turn += 1
+        return StepResult("go", float(text == "U"), self.turn >= 3, {})
+
+
+def test_the_trainers_device_is_lent_while_it_waits_and_back_before_it_trains(tmp_path):
+    # any predicted gain pays (lend_gain_factor 0): the mechanism, not the economics, is under test
+    s = _run(tmp_path, rollout_workers=1, max_steps=5,
+             env={"name": f"{__name__}:SlowTurns", "kwargs": {}, "use_system_prompt": False},
+             policy={"borrow": True, "decision_interval_s": 0.5, "controller": {"lend_gain_factor": 0.0}})
+    rules = [d["rule"] for d in s["decisions"] if d["trigger"] == "trainer idle"]
+    assert "lend" in rules, [d["reason"] for d in s["decisions"]]
+    assert any(d["trigger"] == "borrowed devices returned" for d in s["decisions"])
+    assert s["trainer_device_wait_max_s"] < 5.0  # policy.return_bound_s
+    assert s["steps"] == 5 and s["trajectories"]["failed"] == 0
+    _books_balance(s)
+    ev = json.loads((tmp_path / "trace.json").read_text())["traceEvents"]
+    assert any(e["ph"] == "X" and e["name"] == "lent" for e in ev)

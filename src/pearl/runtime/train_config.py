@@ -60,6 +60,15 @@ class EngineSettings(Frozen):
     parallel_steps: bool = True
 
 
+class TrainControllerConfig(ControllerConfig):
+    """`ControllerConfig` for CPU workers: one that shares the weights of a live one starts, stops and
+    hands over its requests in milliseconds."""
+
+    wake_s: float = Field(default=0.05, ge=0, le=MAX_DURATION_S)
+    stop_s: float = Field(default=0.05, ge=0, le=MAX_DURATION_S)
+    migrate_tokens: int = Field(default=1024, ge=1, le=MAX_TOKENS)
+
+
 class TrainPolicy(PolicyConfig):
     """`PolicyConfig` with defaults for a real run on this machine's time scale (seconds, not hours)."""
 
@@ -72,8 +81,7 @@ class TrainPolicy(PolicyConfig):
     borrow: bool = False
     elastic: bool = False
     tps: list[int] | None = [1]
-    # On CPU a worker that shares the weights of a live one starts (and stops) in milliseconds.
-    controller: ControllerConfig = ControllerConfig(wake_s=0.05, stop_s=0.05, migrate_tokens=1024)
+    controller: TrainControllerConfig = TrainControllerConfig()
 
 
 class TrainConfig(Frozen):
