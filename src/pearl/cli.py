@@ -253,8 +253,7 @@ def profile(
     model: str = typer.Option("tiny", help="A runnable model: tiny, smollm2-135m."),
     output: Path = typer.Option(Path("runs/profile.json"), "--out", help="Where to save the profile (JSON)."),
 ) -> None:
-    """Measure the torch engine's step times on this machine and save a calibrated profile (hardware
-    "cpu", tp 1) for `pearl train` (`profile:`) and the simulator."""
+    """Measure the torch engine on this machine and save a calibrated profile for `pearl train`."""
     from pearl.real.models import SOURCES
     from pearl.real.profiling import calibrate_engine
 
