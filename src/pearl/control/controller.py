@@ -66,7 +66,6 @@ class Controller:
     adapt_pd = True  # choose the PD mode, ratio and tp (else colocated at the configured tp)
     cost_model = True  # gate switches and lends on predicted gain vs cost
     return_migrate = True  # vacate lent devices by token-level migration with KV (else recompute)
-    periodic = True  # re-decide on every tick (not only when the budget changes)
     absorbs_elastic = True  # decide when elastic devices arrive
 
     def __init__(self, policy: PolicyConfig, setting: ControlSetting):
@@ -95,7 +94,8 @@ class Controller:
 
     # ------------------------------------------------------------------ entry points
     def first_tick_t(self) -> float | None:
-        return self.cfg.decision_interval_s if self.periodic else None
+        """When the first periodic tick is due (a static policy answers None: it never ticks)."""
+        return self.cfg.decision_interval_s
 
     def on_tick(self, obs: Observation) -> Effects:
         """A periodic tick: measure the current layout, re-decide, tick again."""
