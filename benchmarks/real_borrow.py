@@ -21,10 +21,10 @@ from rich.console import Console  # noqa: E402
 from pearl.runtime.training import run_training  # noqa: E402
 
 
-def run(borrow: bool, steps: int) -> dict:
+def run(borrow: bool, steps: int, staleness: int) -> dict:
     with TemporaryDirectory() as d:
         s = run_training(ROOT / "configs" / "smollm2-calculator.yaml",
-                         {"max_steps": steps, "policy": {"borrow": borrow}}, Path(d) / "run",
+                         {"max_steps": steps, "staleness": staleness, "policy": {"borrow": borrow}}, Path(d) / "run",
                          Console(file=open(os.devnull, "w")))
     t = s["trajectories"]
     s["trained_per_s"] = (t["ok"] + t["failed"] + t["stale"] + t["skipped"]) / s["wall_s"]
@@ -35,10 +35,11 @@ def run(borrow: bool, steps: int) -> dict:
 if __name__ == "__main__":
     ap = argparse.ArgumentParser()
     ap.add_argument("--steps", type=int, default=6)
+    ap.add_argument("--staleness", type=int, default=1, help="η (0: synchronous, the trainer idles most)")
     a = ap.parse_args()
-    fixed = run(False, a.steps)
-    pearl = run(True, a.steps)
-    print(f"smollm2-135m calculator, {a.steps} steps x 2 x 4 trajectories, 1 rollout worker, 2 cores")
+    fixed = run(False, a.steps, a.staleness)
+    pearl = run(True, a.steps, a.staleness)
+    print(f"smollm2-135m calculator, {a.steps} steps x 2 x 4 trajectories, η={a.staleness}, 1 rollout worker, 2 cores")
     print(f"fixed (trainer's core never lent): {fixed['trained_per_s']:.3f} trajectories/s ({fixed['wall_s']:.0f} s)")
     print(f"pearl (lent while the trainer waits): {pearl['trained_per_s']:.3f} trajectories/s "
           f"({pearl['wall_s']:.0f} s, {pearl['lends']} lends, worst trainer wait for its device "
