@@ -1,14 +1,20 @@
 """Borrowing for real: the same `pearl train` run (SmolLM2-135M on the calculator task, one rollout
 worker, 2 CPU cores) with the trainer's core never lent (`policy.borrow: false`, the fixed baseline)
-and with PEARL lending it to an extra rollout worker while the trainer waits for its batch. Prints
-trained trajectories/s for both, the trainer's worst wait for its device, and, last, the ratio.
+and with PEARL lending it to an extra rollout worker while the trainer waits for its batch.
 
-    .venv/bin/python benchmarks/real_borrow.py [--steps 6]
+Runs alternate (fixed, pearl, fixed, pearl, ...) so drift in the machine's load hits both; each
+run's throughput is over its steady state (trajectories of steps 2..N over the time from the end of
+step 1 to the end of step N: model loading and calibration excluded). Prints every run, the
+trainer's worst wait for its device, and, last, the ratio of the medians.
+
+    .venv/bin/python benchmarks/real_borrow.py [--steps 4] [--staleness 0] [--repeats 3]
 """
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import statistics
 import sys
 from pathlib import Path
 from tempfile import TemporaryDirectory
@@ -23,25 +29,34 @@ from pearl.runtime.training import run_training  # noqa: E402
 
 def run(borrow: bool, steps: int, staleness: int) -> dict:
     with TemporaryDirectory() as d:
+        out = Path(d) / "run"
         s = run_training(ROOT / "configs" / "smollm2-calculator.yaml",
-                         {"max_steps": steps, "staleness": staleness, "policy": {"borrow": borrow}}, Path(d) / "run",
+                         {"max_steps": steps, "staleness": staleness, "policy": {"borrow": borrow}}, out,
                          Console(file=open(os.devnull, "w")))
-    t = s["trajectories"]
-    s["trained_per_s"] = (t["ok"] + t["failed"] + t["stale"] + t["skipped"]) / s["wall_s"]
+        lines = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    trajs = sum(m["trained"] + m["failed"] + m["stale"] for m in lines[1:])
+    s["per_s"] = trajs / max(lines[-1]["elapsed_s"] - lines[0]["elapsed_s"], 1e-9)
     s["lends"] = sum(1 for x in s["decisions"] if x.get("rule") == "lend")
     return s
 
 
 if __name__ == "__main__":
     ap = argparse.ArgumentParser()
-    ap.add_argument("--steps", type=int, default=6)
-    ap.add_argument("--staleness", type=int, default=1, help="η (0: synchronous, the trainer idles most)")
+    ap.add_argument("--steps", type=int, default=4)
+    ap.add_argument("--staleness", type=int, default=0, help="η (0: synchronous, the trainer idles most)")
+    ap.add_argument("--repeats", type=int, default=3)
     a = ap.parse_args()
-    fixed = run(False, a.steps, a.staleness)
-    pearl = run(True, a.steps, a.staleness)
-    print(f"smollm2-135m calculator, {a.steps} steps x 2 x 4 trajectories, η={a.staleness}, 1 rollout worker, 2 cores")
-    print(f"fixed (trainer's core never lent): {fixed['trained_per_s']:.3f} trajectories/s ({fixed['wall_s']:.0f} s)")
-    print(f"pearl (lent while the trainer waits): {pearl['trained_per_s']:.3f} trajectories/s "
-          f"({pearl['wall_s']:.0f} s, {pearl['lends']} lends, worst trainer wait for its device "
-          f"{pearl['trainer_device_wait_max_s']:.3f} s, bound 5 s)")
-    print(f"pearl vs fixed: {pearl['trained_per_s'] / fixed['trained_per_s']:.2f}x")
+    runs: dict[str, list[dict]] = {"fixed": [], "pearl": []}
+    print(f"smollm2-135m calculator, {a.steps} steps x 2 x 4 trajectories, η={a.staleness}, "
+          f"1 rollout worker, 2 cores, {a.repeats} runs each, alternating", flush=True)
+    for i in range(a.repeats):
+        for name in ("fixed", "pearl"):
+            r = run(name == "pearl", a.steps, a.staleness)
+            runs[name].append(r)
+            print(f"  {name} run {i + 1}: {r['per_s']:.3f} trajectories/s (steady state), {r['lends']} lends, "
+                  f"decoded {r['tokens_decoded']} tokens, worst trainer wait {r['trainer_device_wait_max_s']:.3f} s",
+                  flush=True)
+    med = {k: statistics.median(r["per_s"] for r in v) for k, v in runs.items()}
+    print(f"median: fixed {med['fixed']:.3f}, pearl {med['pearl']:.3f} trajectories/s; worst trainer wait for its "
+          f"device {max(r['trainer_device_wait_max_s'] for r in runs['pearl']):.3f} s (bound 5 s)")
+    print(f"pearl vs fixed: {med['pearl'] / med['fixed']:.2f}x")
