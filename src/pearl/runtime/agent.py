@@ -1,4 +1,5 @@
-"""The multi-turn, token-in/token-out agent loop over real `TorchEngine`s (one rollout thread).
+"""The multi-turn, token-in/token-out agent loop over real `TorchEngine`s (one rollout thread; with
+`parallel_engines` the engines' steps run on a thread each, their outputs handled in engine order).
 
 `AgentLoop` owns its engines (they are single-threaded) and the episodes in flight:
 
@@ -8,8 +9,10 @@
   engine reuses the KV of earlier turns and prefills only the new tokens); its tokens are stored as
   sampled, with the engine's behaviour log-probs and per-token policy versions;
 - the environment's reply is appended as masked tokens (turn-end glue + the next user turn);
-- an environment that raises or times out (`EnvRunner`) fails the trajectory with its reason; the
-  engine session is dropped either way. A finished group (ok or failed members) is handed back.
+- environment resets and steps run on a thread pool (`env_workers`; inline when 0), each bounded by
+  its timeout; an environment that raises, times out, cannot be built, or returns an observation
+  that no longer fits fails its own trajectory with the reason; the engine session is dropped either
+  way. A finished group (ok or failed members) is handed back.
 
 Routing follows the workers' roles, so the layout may change during a run: while a prefill and a
 decode worker both serve, a turn starts on a prefill worker and its KV is handed to a decode worker

@@ -35,8 +35,6 @@ class Actuators(Protocol):
 
     def reclaim(self, devices: tuple[int, ...]) -> None: ...
 
-    def push_weights(self, version: int) -> None: ...
-
 
 class ControlDriver:
     def __init__(self, controller: Any, clock: Clock, actuators: Actuators,

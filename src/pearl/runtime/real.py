@@ -1,16 +1,16 @@
 """The real runtime of `pearl train`: torch engines, environments and a GRPO trainer on the wall clock.
 
-`run_training(config_path, overrides, output, console)`:
+`Run(cfg, console, out_dir)` (driven by `pearl.runtime.training.run_training`, which owns the run
+directory, checkpoints, signals and the summary):
 
-1. loads the config (default: the packaged `pearl/data/train_default.yaml`), checks names, checks
-   that the model fits in memory (`ResourceError` otherwise), builds the trainer's copy and the
-   engines' copies of the model, the environment factory and the `AgentLoop`;
+1. checks the environment and that the model fits in memory (`ResourceError` otherwise), builds the
+   trainer's copy and the engines' copies of the model, the `AgentLoop` and the controller;
 2. runs rollout and training concurrently on two threads. The rollout thread admits groups through
    the `StalenessGate` (the simulator's admission rule: at most (η + v + 1)·B trajectories started by
-   version v), steps the engines and hands completed groups to the trainer; the trainer thread takes
-   `prompts_per_step` groups, discards trajectories staler than η (counted, slots returned to the
-   gate), trains, bumps the version and offers the snapshot to the engines;
-3. logs every step live (rich), appends it to `metrics.jsonl` and ends with `summary.json`.
+   version v), steps the engines and keeps finished groups; the trainer thread takes the next
+   `prompts_per_step` groups in prompt-id order, discards trajectories staler than η (counted, slots
+   returned to the gate), trains, bumps the version and offers the snapshot to the engines;
+3. logs every step live (rich) and through `RunLog` (metrics.jsonl, samples, TensorBoard, trace).
 
 `layout: auto` (the default): with two or more rollout workers, `choose_layout`
 (`pearl.runtime.real_layout`) asks the controller's selector whether colocated or 1P:(N-1)D finishes
@@ -22,9 +22,11 @@ reason are printed at the start and saved as `layout_decision` in summary.json.
 During the run (local backend) the same `Controller` the simulator uses ticks on the wall clock every
 `policy.decision_interval_s` (`pearl.runtime.real_control.RealControl`): it measures the layout,
 re-decides, and may switch roles, ratio or worker count; every decision, "keep" included, is saved
-with its reason in summary.json (`decisions`). The Ray backend keeps its first layout.
+with its reason in summary.json (`decisions`); with `policy.borrow` it lends the trainer's slot to an
+extra worker while the trainer waits for its batch. The Ray backend keeps its first layout.
 
-Every trajectory is counted exactly once as trained (ok), failed (with its reason) or stale.
+Every trajectory is counted exactly once as trained (ok), failed (with its reason), stale, or skipped
+(its update had a non-finite gradient).
 """
 from __future__ import annotations
 

@@ -146,9 +146,6 @@ class RealControl:
             for d in devices:
                 self.state.reclaim(self.clock.now, d)
 
-    def push_weights(self, version: int) -> None:
-        self.agent.apply_weights()  # the trainer offers snapshots; the newest lands between steps
-
     # ------------------------------------------------------------------ results
     def summary(self) -> dict[str, Any]:
         d = self.driver.decisions

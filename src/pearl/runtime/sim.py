@@ -22,6 +22,7 @@ from pearl.perf.models import get_model
 from pearl.perf.roofline import PerfModel
 from pearl.runtime.clock import VirtualClock
 from pearl.runtime.elastic import trace
+from pearl.runtime.results import collect
 from pearl.runtime.sim_control import SimControl
 from pearl.types import Pool, Role, WorkerPhase
 from pearl.rl.trajectory import Group
@@ -338,8 +339,6 @@ class Simulator(SimTrainer):
         return m is not None and len(self.steps) >= m and not self.trainer_busy
 
     def run(self) -> dict:
-        from pearl.runtime.results import collect
-
         self.driver = self.control.setup()
         for b in trace(self.cfg.cluster.elastic, self.cfg.duration_s, self.cfg.seed):
             self.clock.at(b.t_add, self.control.elastic_add, b)

@@ -94,9 +94,6 @@ class SimControl:
         for d in devices:
             self.sim.state.reclaim(self.sim.clock.now, d)
 
-    def push_weights(self, version: int) -> None:
-        self.sim.push_weights(version)
-
     # ------------------------------------------------------------------ elastic devices
     def elastic_add(self, b) -> None:
         sim = self.sim

@@ -67,7 +67,7 @@ class SimTrainer:
         self.trainer_busy = False
         self.trainer_idle_since = t
         self.state.set_training(t, self.train_devices, False)
-        self.control.push_weights(self.version)  # through the actuators, as the controller's actions
+        self.push_weights(self.version)
         self.driver.event(TrainerIdle())
         self._admit()
         self._maybe_train()
