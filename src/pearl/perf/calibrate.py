@@ -136,8 +136,8 @@ def fit(samples: Iterable[StepSample], model: ModelShape, hw: Hardware, tp: int 
         raise CalibrationError(f"combine must be 'max' or 'sum', got {combine!r}")
     if len(samples) < MIN_SAMPLES:
         raise CalibrationError(f"too few samples to calibrate: {len(samples)} (need at least {MIN_SAMPLES})")
-    base = replace(base or PerfCoeffs(), combine=combine)
-    pm = PerfModel(model, hw, tp, base)
+    pm = PerfModel(model, hw, tp, replace(base or PerfCoeffs(), combine=combine))
+    base = pm.coeffs  # with the hardware's mfu / bw_eff where `base` leaves them unset
     c, m, y, measured = _regressors(samples, pm)
     if np.any(y <= 0):
         raise CalibrationError("some steps took less than their tensor-parallel all-reduces alone; "

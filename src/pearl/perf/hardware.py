@@ -1,8 +1,17 @@
 """Hardware catalogue: the few numbers the roofline model needs per accelerator.
 
 Values are datasheet peaks (dense BF16, no sparsity) from DESIGN.md §6; what a real engine achieves is a
-fraction of them, and that fraction is what `pearl.perf.calibrate` fits. Memory is the nominal size in
-GiB (the driver reports slightly less usable memory; `memory_utilization` absorbs the difference).
+fraction of them. Memory is the nominal size in GiB (the driver reports slightly less usable memory;
+`memory_utilization` absorbs the difference).
+
+The achieved fractions are per GPU and were fitted to published measurements (docs/perf_model.md,
+`benchmarks/perf_vs_published.py`, data in `pearl/data/published_perf.csv`); `pearl.perf.calibrate`
+refits them to a real engine's own steps:
+
+- `mfu`: achieved fraction of `peak_flops` in compute-bound (prefill) work;
+- `bw_eff`: achieved fraction of `hbm_bw` when reading weights in memory-bound (decode) steps;
+- `ring_bw`: the bus bandwidth one tensor-parallel all-reduce achieves (NCCL's "busbw": a ring all-reduce
+  of S bytes over n ranks takes S·2(n-1)/n / ring_bw), well below the NVLink line rate.
 """
 from __future__ import annotations
 
@@ -29,21 +38,42 @@ class Hardware:
     memory_bytes: float
     nvlink_bw: float  # intra-node B/s per device
     net_bw: float  # inter-node B/s per device (RDMA)
+    mfu: float = 0.5  # achieved fraction of peak_flops (fitted; see the module docstring)
+    bw_eff: float = 0.8  # achieved fraction of hbm_bw on weight reads (fitted)
+    ring_bw: float = 0.0  # all-reduce bus bandwidth, B/s; 0: half of nvlink_bw
 
     def __post_init__(self) -> None:
         for field in ("peak_flops", "hbm_bw", "memory_bytes", "nvlink_bw", "net_bw"):
             if not getattr(self, field) > 0:
                 raise ValueError(f"hardware {self.name!r}: {field} must be > 0")
+        if not (0 < self.mfu <= 1 and 0 < self.bw_eff <= 1):
+            raise ValueError(f"hardware {self.name!r}: mfu and bw_eff must be in (0, 1]")
+        if self.ring_bw < 0:
+            raise ValueError(f"hardware {self.name!r}: ring_bw must be >= 0")
+        if self.ring_bw == 0:
+            object.__setattr__(self, "ring_bw", 0.5 * self.nvlink_bw)
 
 
+# mfu / bw_eff: fitted by `benchmarks/perf_vs_published.py` (catalogue form) on the fitting half of
+# src/pearl/data/published_perf.csv. ring_bw: measured NCCL bus bandwidths (rows n01, n02 of that file).
+# H200, H800 and H20's ring_bw have no published row of their own here: H200 takes H100's efficiencies
+# (same compute die and NVLink), H800 H100's with ring_bw scaled by its NVLink cut (400/900), H20 H100's
+# ring_bw (same 900 GB/s NVLink).
+_H100_RING = 370 * GB
 HARDWARE: dict[str, Hardware] = {
-    "a100": Hardware("a100", 312 * TFLOPS, 2.04e12, 80 * GIB, 600 * GB, _NET),
-    "h100": Hardware("h100", 989 * TFLOPS, 3.35e12, 80 * GIB, 900 * GB, _NET),
+    "a100": Hardware("a100", 312 * TFLOPS, 2.04e12, 80 * GIB, 600 * GB, _NET, mfu=0.620, bw_eff=0.694,
+                     ring_bw=200 * GB),
+    "h100": Hardware("h100", 989 * TFLOPS, 3.35e12, 80 * GIB, 900 * GB, _NET, mfu=0.504, bw_eff=0.594,
+                     ring_bw=_H100_RING),
     # H800: the export H100, same compute and HBM, NVLink cut to 400 GB/s.
-    "h800": Hardware("h800", 989 * TFLOPS, 3.35e12, 80 * GIB, 400 * GB, _NET),
-    "h200": Hardware("h200", 989 * TFLOPS, 4.8e12, 141 * GIB, 900 * GB, _NET),
-    # H20: little compute, lots of bandwidth: decode-friendly, prefill-poor.
-    "h20": Hardware("h20", 148 * TFLOPS, 4.0e12, 96 * GIB, 900 * GB, _NET),
+    "h800": Hardware("h800", 989 * TFLOPS, 3.35e12, 80 * GIB, 400 * GB, _NET, mfu=0.504, bw_eff=0.594,
+                     ring_bw=_H100_RING * 400 / 900),
+    "h200": Hardware("h200", 989 * TFLOPS, 4.8e12, 141 * GIB, 900 * GB, _NET, mfu=0.504, bw_eff=0.594,
+                     ring_bw=_H100_RING),
+    # H20: little compute, lots of bandwidth: decode-friendly, prefill-poor. Its published decode runs at
+    # well under half of its 4.0 TB/s (bw_eff 0.388); its mfu sits at the fit's 0.85 bound.
+    "h20": Hardware("h20", 148 * TFLOPS, 4.0e12, 96 * GIB, 900 * GB, _NET, mfu=0.85, bw_eff=0.388,
+                    ring_bw=_H100_RING),
     # A generic laptop-class CPU core, for tiny models in the real runtime and tests. ROUGH values:
     # ~100 GFLOP/s (AVX2/AVX-512 FMA at ~3 GHz, fp32 math on bf16 weights), ~20 GB/s of DRAM bandwidth
     # one core can pull, 16 GiB of RAM, memcpy-class "nvlink" between processes on one machine and a

@@ -1,17 +1,33 @@
 """Roofline step times for one inference worker (one model replica on `tp` devices), plus the costs the
 controller weighs: KV hand-off, weight loading, training steps and weight sync.
 
-    t_step = overhead + combine(FLOPs / (tp·peak·mfu), bytes / (tp·HBM·bw_eff)) + all-reduces
+One engine step is timed as
 
-`combine` is `max` (the roofline: compute and memory traffic overlap; right for GPUs) or `sum` (no
-overlap; fits CPUs better). The efficiencies come from `pearl.perf.calibrate`. The simulator calls
-`step_time` about a million times per run, so it is plain float arithmetic over constants computed in
-`__init__`.
+    t_step = overhead + seq_overhead·sequences + combine(operators) + all-reduces
+
+- `overhead`: fixed per engine step (scheduling, kernel launches); `seq_overhead` per sequence in the
+  step (each decode sequence, and a prefill chunk counts as one): sampling, detokenisation and
+  per-sequence bookkeeping, which the roofline does not see.
+- operators: the dense matmuls (weights, experts, LM head) and attention (QK^T/PV FLOPs, KV reads).
+  Each has FLOPs over tp·peak·mfu and bytes over tp·HBM·bw_eff; KV bytes are read at `kv_eff` of the
+  weight-read rate (paged, scattered blocks) and routed experts at `expert_eff` of the dense rate
+  (small grouped GEMMs, routing, uneven expert load).
+- `combine`: "max" (one roofline for the whole step: compute and memory traffic overlap), "per_op"
+  (each operator its own max(FLOPs, bytes), summed: a mixed step whose matmuls are compute-bound and
+  whose attention is KV-bound pays both), or "sum" (no overlap; fits CPUs better).
+- all-reduces (tp > 1): two per layer, each a ring (the alpha-beta model): 2(tp-1) hops of
+  `allreduce_latency_s` plus tokens·hidden activations moved at the hardware's measured bus bandwidth
+  (`Hardware.ring_bw`; S bytes take S·2(tp-1)/tp / ring_bw).
+
+Per-GPU efficiencies (mfu, bw_eff, ring_bw) live in `pearl.perf.hardware`; the engine-level ones below
+were fitted to published measurements (docs/perf_model.md). A `PerfCoeffs` field left at None takes the
+hardware's value. The simulator calls `step_time` about a million times per run, so it is plain float
+arithmetic over constants computed in `__init__`.
 """
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from pearl.errors import ResourceError, UnknownNameError
 from pearl.perf.hardware import Hardware
@@ -20,24 +36,42 @@ from pearl.perf.models import ModelShape
 DISK_BW = 2e9  # B/s: a local NVMe / parallel-FS read of safetensors
 COLD_START_INIT_S = 30.0  # process start, CUDA context, graph capture, allocator warm-up
 WEIGHT_SOURCES = ("peer", "nvlink", "disk")
+COMBINE_FORMS = ("max", "per_op", "sum")
 
 
 @dataclass(frozen=True)
 class PerfCoeffs:
-    mfu: float = 0.5  # achieved fraction of peak FLOP/s in prefill/mixed steps
-    bw_eff: float = 0.8  # achieved fraction of HBM bandwidth
-    step_overhead_s: float = 0.004  # fixed per engine step (scheduling, launches)
-    allreduce_latency_s: float = 10e-6  # per all-reduce (tp>1)
+    """Engine-level coefficients; defaults fitted by `benchmarks/perf_vs_published.py` (docs/perf_model.md)."""
+
+    mfu: float | None = None  # achieved fraction of peak FLOP/s; None: the hardware's `mfu`
+    bw_eff: float | None = None  # achieved fraction of HBM bandwidth on weights; None: the hardware's
+    step_overhead_s: float = 0.00244  # fixed per engine step (scheduling, launches)
+    # Per sequence in a step (sampling, bookkeeping). 0 in the catalogue: the controller's predictor
+    # (pearl.control.predictor_core) cannot represent it yet; fitted it is ~155 us (docs/perf_model.md).
+    seq_overhead_s: float = 0.0
+    allreduce_latency_s: float = 9.6e-6  # per ring hop of an all-reduce (2(tp-1) hops each)
+    kv_eff: float = 0.578  # KV-read rate relative to weight reads
+    expert_eff: float = 0.889  # routed-expert matmul rate relative to dense matmuls
     kv_setup_s: float = 0.002  # per KV transfer
-    combine: str = "max"  # "max" (roofline) or "sum" (additive; fits CPUs better)
+    combine: str = "max"  # "max" (one roofline), "per_op" (per operator) or "sum" (additive; CPUs)
 
     def __post_init__(self) -> None:
-        if self.combine not in ("max", "sum"):
-            raise ValueError(f"combine must be 'max' or 'sum', got {self.combine!r}")
-        if not (self.mfu > 0 and self.bw_eff > 0):
-            raise ValueError(f"mfu ({self.mfu}) and bw_eff ({self.bw_eff}) must be > 0")
-        if min(self.step_overhead_s, self.allreduce_latency_s, self.kv_setup_s) < 0:
-            raise ValueError("overheads and latencies must be >= 0")
+        if self.combine not in COMBINE_FORMS:
+            raise ValueError(f"combine must be one of {', '.join(COMBINE_FORMS)}, got {self.combine!r}")
+        for name in ("mfu", "bw_eff"):
+            v = getattr(self, name)
+            if v is not None and not v > 0:
+                raise ValueError(f"{name} ({v}) must be > 0")
+        if not (0 < self.kv_eff <= 1 and 0 < self.expert_eff <= 1):
+            raise ValueError(f"kv_eff ({self.kv_eff}) and expert_eff ({self.expert_eff}) must be in (0, 1]")
+        for name in ("step_overhead_s", "seq_overhead_s", "allreduce_latency_s", "kv_setup_s"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} ({getattr(self, name)}) must be >= 0")
+
+    def resolved(self, hw: Hardware) -> "PerfCoeffs":
+        """These coefficients with every None taken from `hw`'s catalogue entry."""
+        return replace(self, mfu=hw.mfu if self.mfu is None else self.mfu,
+                       bw_eff=hw.bw_eff if self.bw_eff is None else self.bw_eff)
 
 
 class PerfModel:
@@ -49,37 +83,43 @@ class PerfModel:
             raise ValueError(f"tp must be >= 1, got {tp}")
         if not 0 < memory_utilization <= 1:
             raise ValueError(f"memory_utilization must be in (0, 1], got {memory_utilization}")
+        coeffs = coeffs.resolved(hw)
         self.model, self.hw, self.tp, self.coeffs = model, hw, tp, coeffs
         self.memory_utilization = memory_utilization
         m, d = model, model.dtype_bytes
         # KV heads are split across tp ranks; with tp > num_kv_heads each head is replicated, so the
         # worker as a whole stores (and reads) more KV per token.
         self._kv_bytes = m.kv_bytes_per_token * max(1.0, tp / m.num_kv_heads)
-        # --- FLOPs per unit of work (whole worker)
-        self._flops_per_token = 2.0 * m.matmul_params_per_token
+        # --- FLOPs per unit of work (whole worker); routed experts run at expert_eff of the dense rate.
+        expert_mm = m.num_layers * m.experts_per_token * m.expert_params if m.is_moe else 0
+        self._flops_per_token = 2.0 * ((m.matmul_params_per_token - expert_mm) + expert_mm / coeffs.expert_eff)
         self._flops_per_pair = 4.0 * m.num_q_heads * m.head_dim * m.num_layers  # QK^T and PV, per (q, k)
         self._flops_lm_head = 2.0 * m.hidden * m.vocab  # per sampled position
-        # --- bytes (whole worker). Weights read every step: all but the routed experts and the input
+        # --- bytes (whole worker), in weight-read equivalents: KV reads count 1/kv_eff and expert reads
+        # 1/expert_eff of their size. Weights read every step: all but the routed experts and the input
         # embedding table (a gather: only the rows of this step's tokens).
         embed_table = 0 if m.tie_embeddings else m.embedding_params
         self._static_weight_bytes = float((m.dense_params_active - embed_table) * d)
         self._bytes_per_token = float(m.hidden * d) + self._kv_bytes  # embedding row read + KV written
-        self._expert_bytes = float(m.num_layers * m.expert_params * d)  # one expert in every layer
+        self._kv_read = self._kv_bytes / coeffs.kv_eff
+        self._expert_bytes = float(m.num_layers * m.expert_params * d) / coeffs.expert_eff  # one expert, all layers
         self._n_exp = float(m.num_experts)
         self._log_miss = math.log1p(-m.experts_per_token / m.num_experts) if m.is_moe else 0.0
         # Tensor parallelism: two all-reduces per layer (after attention and after the MLP) of
-        # tokens·hidden activations; a ring moves 2(tp-1)/tp of the buffer over each device's link.
+        # tokens·hidden activations; a ring moves 2(tp-1)/tp of the buffer at the bus bandwidth.
         self._n_allreduce = 2 * m.num_layers if tp > 1 else 0
         ring = 2.0 * (tp - 1) / tp
-        self._ar_s_per_token = self._n_allreduce * ring * m.hidden * d / hw.nvlink_bw
+        self._ar_s_per_token = self._n_allreduce * ring * m.hidden * d / hw.ring_bw
         self._set_rates(coeffs)
 
     def _set_rates(self, c: PerfCoeffs) -> None:
         self._flop_rate = self.tp * self.hw.peak_flops * c.mfu
         self._byte_rate = self.tp * self.hw.hbm_bw * c.bw_eff
         self._overhead = c.step_overhead_s
-        self._ar_fixed_s = self._n_allreduce * c.allreduce_latency_s
-        self._sum = c.combine == "sum"
+        self._seq = c.seq_overhead_s
+        # A ring all-reduce over tp ranks takes 2(tp-1) hops, each paying the per-hop latency.
+        self._ar_fixed_s = self._n_allreduce * 2 * (self.tp - 1) * c.allreduce_latency_s
+        self._form = COMBINE_FORMS.index(c.combine)  # 0 max, 1 per_op, 2 sum
 
     def with_coeffs(self, coeffs: PerfCoeffs) -> "PerfModel":
         return PerfModel(self.model, self.hw, self.tp, coeffs, self.memory_utilization)
@@ -95,37 +135,48 @@ class PerfModel:
             return 0.0
         return self._n_exp * -math.expm1(tokens * self._log_miss)
 
-    def step_work(self, n_decode: int, decode_context: int, prefill_tokens: int = 0,
-                  prefill_attn: float = 0.0) -> tuple[float, float, float]:
-        """(FLOPs, bytes, all-reduce seconds) of one step for the whole worker; see `step_time`."""
+    def step_ops(self, n_decode: int, decode_context: int, prefill_tokens: int = 0,
+                 prefill_attn: float = 0.0) -> tuple[float, float, float, float, float]:
+        """(dense FLOPs, dense bytes, attention FLOPs, attention bytes, additive seconds) of one step for
+        the whole worker; bytes in weight-read equivalents, additive = per-sequence costs + all-reduces."""
         tokens = n_decode + prefill_tokens
         if tokens <= 0:
-            return 0.0, 0.0, 0.0
+            return 0.0, 0.0, 0.0, 0.0, 0.0
         # The LM head runs on sampled positions only: each decode sequence, and (we assume) at most one
-        # prompt finishing its prefill per step.
+        # prompt finishing its prefill per step. Per-sequence costs are charged on the same count.
         sampled = n_decode + (1 if prefill_tokens > 0 else 0)
-        flops = (self._flops_per_token * tokens + self._flops_per_pair * (decode_context + prefill_attn)
-                 + self._flops_lm_head * sampled)
+        dense_f = self._flops_per_token * tokens + self._flops_lm_head * sampled
+        dense_b = self._static_weight_bytes + self._bytes_per_token * tokens
+        if self._n_exp:
+            dense_b += self._expert_bytes * self._n_exp * -math.expm1(tokens * self._log_miss)
         # KV read by prefill attention: a chunk of l new tokens after c cached ones reads c + l tokens of
         # KV. We only know A = Σ l(c + l/2) and P = Σ l; A/P + P/2 is exact for one chunk.
         prefill_kv = prefill_attn / prefill_tokens + 0.5 * prefill_tokens if prefill_tokens > 0 else 0.0
-        nbytes = (self._static_weight_bytes + self._bytes_per_token * tokens
-                  + self._kv_bytes * (decode_context + prefill_kv))
-        if self._n_exp:
-            nbytes += self._expert_bytes * self._n_exp * -math.expm1(tokens * self._log_miss)
-        comm = self._ar_s_per_token * tokens + self._ar_fixed_s if self._n_allreduce else 0.0
-        return flops, nbytes, comm
+        attn_f = self._flops_per_pair * (decode_context + prefill_attn)
+        attn_b = self._kv_read * (decode_context + prefill_kv)
+        add = self._seq * sampled + (self._ar_s_per_token * tokens + self._ar_fixed_s if self._n_allreduce else 0.0)
+        return dense_f, dense_b, attn_f, attn_b, add
+
+    def step_work(self, n_decode: int, decode_context: int, prefill_tokens: int = 0,
+                  prefill_attn: float = 0.0) -> tuple[float, float, float]:
+        """(FLOPs, bytes, additive seconds) of one step for the whole worker; see `step_ops`."""
+        df, db, af, ab, add = self.step_ops(n_decode, decode_context, prefill_tokens, prefill_attn)
+        return df + af, db + ab, add
 
     def step_time(self, n_decode: int, decode_context: int, prefill_tokens: int = 0,
                   prefill_attn: float = 0.0) -> float:
         """Seconds for ONE engine step: `n_decode` decode sequences whose context lengths sum to
         `decode_context`, plus `prefill_tokens` new prompt tokens whose attention work is
         `prefill_attn` = Σ_chunks l·(c + l/2). An empty step costs nothing."""
-        flops, nbytes, comm = self.step_work(n_decode, decode_context, prefill_tokens, prefill_attn)
-        if flops == 0.0:
+        df, db, af, ab, add = self.step_ops(n_decode, decode_context, prefill_tokens, prefill_attn)
+        if df == 0.0:
             return 0.0
-        tc, tm = flops / self._flop_rate, nbytes / self._byte_rate
-        return self._overhead + (tc + tm if self._sum else (tc if tc > tm else tm)) + comm
+        fr, br = self._flop_rate, self._byte_rate
+        if self._form == 1:
+            t1, t2, t3, t4 = df / fr, db / br, af / fr, ab / br
+            return self._overhead + (t1 if t1 > t2 else t2) + (t3 if t3 > t4 else t4) + add
+        tc, tm = (df + af) / fr, (db + ab) / br
+        return self._overhead + (tc + tm if self._form == 2 else (tc if tc > tm else tm)) + add
 
     def decode_time(self, batch: int, total_context: int) -> float:
         return self.step_time(batch, total_context)
@@ -191,10 +242,10 @@ class PerfModel:
 
 def ideal_time(pm: PerfModel, n_decode: int, decode_context: int, prefill_tokens: int = 0,
                prefill_attn: float = 0.0) -> tuple[float, float, float]:
-    """(compute seconds at 100% of peak, memory seconds at 100% of HBM, all-reduce seconds) of a step:
+    """(compute seconds at 100% of peak, memory seconds at 100% of HBM, additive seconds) of a step:
     the regressors calibration fits efficiencies to."""
     flops, nbytes, comm = pm.step_work(n_decode, decode_context, prefill_tokens, prefill_attn)
     return flops / (pm.tp * pm.hw.peak_flops), nbytes / (pm.tp * pm.hw.hbm_bw), comm
 
 
-__all__ = ["PerfCoeffs", "PerfModel", "ideal_time", "WEIGHT_SOURCES"]
+__all__ = ["COMBINE_FORMS", "PerfCoeffs", "PerfModel", "ideal_time", "WEIGHT_SOURCES"]
