@@ -117,3 +117,21 @@ def test_tensor_parallel_cost_grows_with_ring_hops():
 def test_bad_coefficients_are_refused(field, value):
     with pytest.raises(ValueError, match=field):
         PerfCoeffs(**{field: value})
+
+
+@pytest.mark.parametrize("combine", ["max", "per_op", "sum"])
+def test_vectorised_step_times_match_step_time(combine):
+    import numpy as np
+
+    from pearl.perf.roofline import StepTerms, step_times
+
+    pms = [PerfModel(m, hw, tp, replace(PerfCoeffs(), combine=combine, seq_overhead_s=s))
+           for m, hw, tp, s in ((Q8, H100, 1, 0.0), (MOE, H20, 2, 1e-4), (get_model("qwen3-32b"), H100, 8, 5e-5))]
+    cases = [(7, 9000, 0, 0.0), (3, 500, 700, 7e5), (0, 0, 4000, 9e6), (40, 2e5, 300, 4e5), (0, 0, 0, 0.0),
+             (256, 256 * 3000, 0, 0.0), (1, 10, 16, 16 * 100_008.0)]
+    terms = StepTerms.stack([pm.terms() for pm in pms])
+    cols = [np.array([c[i] for c in cases], float)[None, :] for i in range(4)]
+    got = step_times(terms, *cols)
+    want = np.array([[pm.step_time(*c) for c in cases] for pm in pms])
+    assert got.shape == want.shape
+    assert np.allclose(got, want, rtol=1e-12, atol=0.0)

@@ -27,7 +27,9 @@ arithmetic over constants computed in `__init__`.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
+
+import numpy as np
 
 from pearl.errors import ResourceError, UnknownNameError
 from pearl.perf.hardware import Hardware
@@ -185,6 +187,14 @@ class PerfModel:
         """One step prefilling `tokens` prompt tokens after `context_before` cached ones."""
         return self.step_time(0, 0, tokens, tokens * (context_before + tokens / 2.0))
 
+    def terms(self) -> "StepTerms":
+        """This model's step-time constants, for `step_times` (vectorised over batches and candidates)."""
+        return StepTerms(self._flop_rate, self._byte_rate, self._overhead, self._seq, float(self._form),
+                         self._flops_per_token, self._flops_lm_head, self._flops_per_pair,
+                         self._static_weight_bytes, self._bytes_per_token, self._kv_read, self._expert_bytes,
+                         self._n_exp, self._log_miss, self._ar_s_per_token if self._n_allreduce else 0.0,
+                         self._ar_fixed_s)
+
     # ------------------------------------------------------------ memory
     @property
     def kv_bytes_per_token(self) -> float:
@@ -240,6 +250,55 @@ class PerfModel:
         return f"PerfModel({self.model.name}, {self.hw.name}, tp={self.tp}, {self.coeffs})"
 
 
+@dataclass(frozen=True)
+class StepTerms:
+    """`PerfModel.step_time`'s constants; each field a float, or (after `stack`) a column of one value per
+    model, so that `step_times` evaluates many models and batch sizes in a few numpy operations."""
+
+    flop_rate: float
+    byte_rate: float
+    overhead: float
+    seq: float
+    form: float  # index into COMBINE_FORMS
+    f_tok: float
+    f_lm: float
+    f_pair: float
+    b_static: float
+    b_tok: float
+    b_kv: float
+    b_exp: float
+    n_exp: float
+    log_miss: float
+    ar_tok: float
+    ar_fixed: float
+
+    @staticmethod
+    def stack(terms: "list[StepTerms]") -> "StepTerms":
+        """One column (shape (n, 1)) per field, rows in the order of `terms`."""
+        return StepTerms(**{f.name: np.array([getattr(t, f.name) for t in terms], float)[:, None]
+                            for f in fields(StepTerms)})
+
+
+def step_times(t: StepTerms, n_decode, decode_context, prefill_tokens=0.0, prefill_attn=0.0):
+    """`PerfModel.step_time` on numpy arrays (broadcast together; n_decode may be fractional: a mean
+    batch). The same formula as `step_ops` and `step_time`, term for term; an empty step costs nothing."""
+    B, C = np.asarray(n_decode, float), np.asarray(decode_context, float)
+    P, A = np.asarray(prefill_tokens, float), np.asarray(prefill_attn, float)
+    tokens, has_p = B + P, P > 0
+    sampled = B + has_p
+    df = t.f_tok * tokens + t.f_lm * sampled
+    db = t.b_static + t.b_tok * tokens + t.b_exp * t.n_exp * -np.expm1(tokens * t.log_miss)
+    af = t.f_pair * (C + A)
+    ab = t.b_kv * (C + np.where(has_p, A / np.maximum(P, 1.0) + 0.5 * P, 0.0))
+    add = t.seq * sampled + t.ar_tok * tokens + t.ar_fixed
+    fr, br = t.flop_rate, t.byte_rate
+    one = np.maximum((df + af) / fr, (db + ab) / br)
+    per_op = np.maximum(df / fr, db / br) + np.maximum(af / fr, ab / br)
+    summed = (df + af) / fr + (db + ab) / br
+    body = np.where(t.form == 1, per_op, np.where(t.form == 2, summed, one))
+    return np.where(tokens > 0, t.overhead + body + add, 0.0)
+
+
 def ideal_time(pm: PerfModel, n_decode: int, decode_context: int, prefill_tokens: int = 0,
                prefill_attn: float = 0.0) -> tuple[float, float, float]:
     """(compute seconds at 100% of peak, memory seconds at 100% of HBM, additive seconds) of a step:
@@ -248,4 +307,4 @@ def ideal_time(pm: PerfModel, n_decode: int, decode_context: int, prefill_tokens
     return flops / (pm.tp * pm.hw.peak_flops), nbytes / (pm.tp * pm.hw.hbm_bw), comm
 
 
-__all__ = ["COMBINE_FORMS", "PerfCoeffs", "PerfModel", "ideal_time", "WEIGHT_SOURCES"]
+__all__ = ["COMBINE_FORMS", "PerfCoeffs", "PerfModel", "StepTerms", "ideal_time", "step_times", "WEIGHT_SOURCES"]
