@@ -61,18 +61,18 @@ class Hardware:
 # ring_bw (same 900 GB/s NVLink).
 _H100_RING = 370 * GB
 HARDWARE: dict[str, Hardware] = {
-    "a100": Hardware("a100", 312 * TFLOPS, 2.04e12, 80 * GIB, 600 * GB, _NET, mfu=0.620, bw_eff=0.694,
+    "a100": Hardware("a100", 312 * TFLOPS, 2.04e12, 80 * GIB, 600 * GB, _NET, mfu=0.614, bw_eff=0.577,
                      ring_bw=200 * GB),
-    "h100": Hardware("h100", 989 * TFLOPS, 3.35e12, 80 * GIB, 900 * GB, _NET, mfu=0.504, bw_eff=0.594,
+    "h100": Hardware("h100", 989 * TFLOPS, 3.35e12, 80 * GIB, 900 * GB, _NET, mfu=0.501, bw_eff=0.607,
                      ring_bw=_H100_RING),
     # H800: the export H100, same compute and HBM, NVLink cut to 400 GB/s.
-    "h800": Hardware("h800", 989 * TFLOPS, 3.35e12, 80 * GIB, 400 * GB, _NET, mfu=0.504, bw_eff=0.594,
+    "h800": Hardware("h800", 989 * TFLOPS, 3.35e12, 80 * GIB, 400 * GB, _NET, mfu=0.501, bw_eff=0.607,
                      ring_bw=_H100_RING * 400 / 900),
-    "h200": Hardware("h200", 989 * TFLOPS, 4.8e12, 141 * GIB, 900 * GB, _NET, mfu=0.504, bw_eff=0.594,
+    "h200": Hardware("h200", 989 * TFLOPS, 4.8e12, 141 * GIB, 900 * GB, _NET, mfu=0.501, bw_eff=0.607,
                      ring_bw=_H100_RING),
     # H20: little compute, lots of bandwidth: decode-friendly, prefill-poor. Its published decode runs at
-    # well under half of its 4.0 TB/s (bw_eff 0.388); its mfu sits at the fit's 0.85 bound.
-    "h20": Hardware("h20", 148 * TFLOPS, 4.0e12, 96 * GIB, 900 * GB, _NET, mfu=0.85, bw_eff=0.388,
+    # at a third of its 4.0 TB/s (bw_eff 0.334); its mfu sits at the fit's 0.85 bound.
+    "h20": Hardware("h20", 148 * TFLOPS, 4.0e12, 96 * GIB, 900 * GB, _NET, mfu=0.85, bw_eff=0.334,
                     ring_bw=_H100_RING),
     # A generic laptop-class CPU core, for tiny models in the real runtime and tests. ROUGH values:
     # ~100 GFLOP/s (AVX2/AVX-512 FMA at ~3 GHz, fp32 math on bf16 weights), ~20 GB/s of DRAM bandwidth
