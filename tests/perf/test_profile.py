@@ -39,6 +39,8 @@ def test_round_trip(tmp_path, profile):
     (lambda d: d["coeffs"].update(mfu="high"), "coeffs.mfu"),
     (lambda d: d["coeffs"].update(mfu=-0.5), "coeffs"),
     (lambda d: d["coeffs"].update(combine="min"), "coeffs"),
+    (lambda d: d["coeffs"].update(kv_eff=1.5), "kv_eff"),
+    (lambda d: d["coeffs"].update(seq_overhead_s=-1e-4), "seq_overhead_s"),
     (lambda d: d.update(fitted_at="yesterday"), "fitted_at"),
 ])
 def test_wrong_fields_are_config_errors(tmp_path, profile, mutate, match):
@@ -60,3 +62,12 @@ def test_corrupt_or_missing_file(tmp_path):
         load_profile(path)
     with pytest.raises(ConfigError, match="no such file"):
         load_profile(tmp_path / "absent.json")
+
+
+def test_profile_carries_the_new_coefficients(tmp_path, profile):
+    from dataclasses import replace
+    p2 = replace(profile, coeffs=replace(profile.coeffs, kv_eff=0.6, seq_overhead_s=5e-5, combine="per_op"))
+    path = tmp_path / "p.json"
+    save_profile(p2, path)
+    got = load_profile(path).perf_model(memory_utilization=0.9).coeffs
+    assert (got.kv_eff, got.seq_overhead_s, got.combine) == (0.6, 5e-5, "per_op")

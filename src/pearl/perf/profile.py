@@ -3,8 +3,11 @@
 
 File format (version 1):
     {"version": 1, "model": "qwen3-8b", "hardware": "h100", "tp": 1,
-     "coeffs": {"mfu": ..., "bw_eff": ..., "step_overhead_s": ..., "allreduce_latency_s": ...,
-                "kv_setup_s": ..., "combine": "max"},
+     "coeffs": {"mfu": ..., "bw_eff": ..., "step_overhead_s": ..., "seq_overhead_s": ...,
+                "allreduce_latency_s": ..., "kv_eff": ..., "expert_eff": ..., "kv_setup_s": ...,
+                "combine": "max"},
+A field left out takes the `PerfCoeffs` default (the catalogue's fitted value; mfu and bw_eff: the
+hardware's). Since the grounding (docs/perf_model.md), `allreduce_latency_s` is per ring hop.
      "fitted_at": "2025-01-01T00:00:00+00:00", "n_samples": 200, "rmse": 0.0004}
 """
 from __future__ import annotations
