@@ -6,9 +6,10 @@ File format (version 1):
      "coeffs": {"mfu": ..., "bw_eff": ..., "step_overhead_s": ..., "seq_overhead_s": ...,
                 "allreduce_latency_s": ..., "kv_eff": ..., "expert_eff": ..., "kv_setup_s": ...,
                 "combine": "max"},
-A field left out takes the `PerfCoeffs` default (the catalogue's fitted value; mfu and bw_eff: the
-hardware's). Since the grounding (docs/perf_model.md), `allreduce_latency_s` is per ring hop.
      "fitted_at": "2025-01-01T00:00:00+00:00", "n_samples": 200, "rmse": 0.0004}
+
+A coefficient left out takes the `PerfCoeffs` default (the catalogue's fitted value; mfu and bw_eff: the
+hardware's). Since the grounding (docs/perf_model.md), `allreduce_latency_s` is per ring hop.
 """
 from __future__ import annotations
 
