@@ -36,7 +36,10 @@ class EstimateConfig(BaseModel):
     prior_weight: int = Field(default=16, ge=0, le=_MAX_N)
     # The estimate uses the last `window` finished trajectories (older ones are forgotten, so a
     # workload whose lengths drift is tracked), and is rebuilt once `refresh` new ones finished.
-    window: int = Field(default=256, ge=1, le=_MAX_N)
+    # A batch's completion is its slowest trajectories: a window smaller than the trajectories in
+    # flight cuts the tail at its longest one (the maximum of 512 draws from 256 samples is their
+    # maximum 86% of the time), so the default holds several batches (benchmarks/predictor_accuracy.py).
+    window: int = Field(default=2048, ge=1, le=_MAX_N)
     refresh: int = Field(default=32, ge=1, le=_MAX_N)
     # An elastic device's expected lifetime before any was observed counts as this many lifetimes of
     # `ControllerConfig.elastic_stay_s` (the lifetime estimate's prior).

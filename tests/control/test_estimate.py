@@ -65,7 +65,8 @@ def _controller():
     sim = Simulator(cfg)
     setting = ControlSetting(perf_for=sim.perf_for, engine=cfg.engine, stats=None, batch_size=512, staleness=1,
                              devices_per_node=8, num_kv_heads=sim.model.num_kv_heads)
-    return Controller(PolicyConfig(name="pearl", min_dwell_s=0), setting)
+    policy = parse_config(dict(name="pearl", min_dwell_s=0, controller=dict(estimate=dict(window=256))), PolicyConfig)
+    return Controller(policy, setting)
 
 
 def _obs(t: float, finished, count: int) -> Observation:
