@@ -17,6 +17,7 @@ from typing import Any, Literal, TypeVar
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
+from pearl.config_estimate import EstimateConfig
 from pearl.errors import ConfigError, describe, one_line
 from pearl.types import LayoutShape, Mode
 
@@ -229,20 +230,20 @@ class ControllerConfig(Frozen):
     # estimate of vacating the devices can be off, proportionally and not).
     lend_safety_s: float = Field(default=0.25, ge=0, le=MAX_DURATION_S)
     lend_safety_share: float = Field(default=0.2, ge=0, le=1e6)
-    # Measured throughput corrects predictions (`control.refit`): smoothing weight of a new sample,
-    # samples before a shape counts as measured, and the shortest interval that counts as a sample.
+    # Measured throughput corrects predictions (`control.refit`): a sample's EMA weight, samples
+    # before a shape counts as measured, shortest interval that counts (the estimator: `estimate`).
     refit_alpha: float = Field(default=0.3, gt=0, le=1)
     refit_min_samples: int = Field(default=2, ge=1, le=1_000_000)
     refit_min_seconds: float = Field(default=1.0, ge=0, le=MAX_DURATION_S)
-    # Expected stay of an elastic device without a notice, when the trace gives no median lifetime.
+    # Expected stay of an elastic device without a notice before any lifetime was observed (prior).
     elastic_stay_s: float = Field(default=3600.0, gt=0, le=MAX_DURATION_S)
+    estimate: EstimateConfig = EstimateConfig()
     # The switching gate: hysteresis band (relative), streak for marginal candidates, and how many
     # bands make a candidate "clear" (taken at once).
     hysteresis: float = Field(default=0.05, ge=0, le=1e6)
     confirm: int = Field(default=3, ge=1, le=1_000_000)
     clear: float = Field(default=3.0, ge=0, le=1e6)
-    # Predictor resolution per decision: representative trajectories per class, events of the
-    # batch's tail, grid points of its expected maximum, and the fixed-point tolerance.
+    # Predictor resolution: reps per class, tail events, E[max] grid points, fixed-point tolerance.
     predict_reps: int = Field(default=32, ge=1, le=4096)
     predict_events: int = Field(default=8, ge=1, le=1024)
     predict_grid_points: int = Field(default=48, ge=8, le=4096)

@@ -22,6 +22,7 @@ from typing import Callable
 
 from pearl.config import EngineConfig, PolicyConfig
 from pearl.control.borrowing import BorrowPlanner
+from pearl.control.estimate import LifetimeEstimator, WorkloadEstimator
 from pearl.control.observation import (Decision, DeviceObs, DevicesAdded, DevicesRemoved, Effects, Event, Flip,
                                        Lend, Notice, Observation, Reclaim, Redecide, Start, Stop, TrainerIdle,
                                        TrainerNeedsDevices)
@@ -44,13 +45,15 @@ class ControlSetting:
 
     perf_for: Callable[[int], PerfModel]  # the worker model at a tp (raises ResourceError if it does not fit)
     engine: EngineConfig
-    stats: WorkloadStats  # the workload's trajectory statistics
+    # The workload prior: statistics measured before the run (e.g. `pearl train`'s environment probe),
+    # or None for the declared prior `policy.controller.estimate`. Never the true distribution: the
+    # controller learns it from the trajectories it sees finish (`control.estimate`).
+    stats: WorkloadStats | None
     batch_size: int  # trajectories per training batch
     staleness: int  # η
     devices_per_node: int
     num_kv_heads: int
     train_devices: tuple[int, ...] = ()
-    elastic_median_s: float | None = None  # expected lifetime of an elastic device, if known
 
 
 def _valid(shape: LayoutShape) -> bool:
@@ -81,7 +84,10 @@ class Controller:
         # In async RL, (η + 1) batches are in flight: the next batch is done when that pipeline drains,
         # so that is the batch whose completion we predict (a lone batch is set by its slowest member).
         self.batch = BatchState.fresh((setting.staleness + 1) * setting.batch_size)
-        self.reps = prepare(setting.stats, self.batch, k.predict_reps, k.predict_events)
+        # What the controller is not told: the workload and elastic lifetimes (learned, from a prior)
+        self.workload = WorkloadEstimator(k.estimate, setting.stats)
+        self.lifetimes = LifetimeEstimator(k.elastic_stay_s, k.estimate.lifetime_prior_weight)
+        self.reps = prepare(self.workload.stats, self.batch, k.predict_reps, k.predict_events)
         self.refit = ThroughputRefit(k.refit_alpha, k.refit_min_samples, k.refit_min_seconds)
         self.last_switch: float | None = None
         self.explored: set[LayoutShape] = set()
@@ -99,6 +105,7 @@ class Controller:
 
     def on_tick(self, obs: Observation) -> Effects:
         """A periodic tick: measure the current layout, re-decide, tick again."""
+        self._estimate(obs)
         self._measure(obs)
         eff = self.decide(obs, "periodic")
         eff.next_tick_t = obs.t + self.cfg.decision_interval_s
@@ -149,13 +156,26 @@ class Controller:
                 continue
         return out or [s.engine.tp]
 
+    def _estimate(self, obs: Observation) -> None:
+        """Learn from the observation: elastic arrivals and removals, and the trajectories finished
+        since the last one. A new workload estimate re-predicts every shape; the refit's ratios
+        (measured / predicted) are carried over to the new predictions, so what was measured stays."""
+        self.lifetimes.observe(obs.t, obs.devices)
+        if not self.workload.observe(obs.finished, obs.finished_count):
+            return
+        old = {sh: p.tokens_per_s for sh, p in self._preds.items() if self.refit.ratios.get(sh) is not None}
+        self.reps = prepare(self.workload.stats, self.batch, self.k.predict_reps, self.k.predict_events)
+        self._preds.clear()
+        for sh, new in zip(old, self._predict(list(old))):
+            self.refit.rescale(sh, old[sh] / max(new.tokens_per_s, 1e-12))
+
     def _predict(self, shapes: list[LayoutShape]) -> list[Prediction]:
-        """Predictions are a pure function of the shape (the workload stats and the batch are fixed),
-        so each shape is predicted once per run; measurements correct them in `refit`."""
+        """Predictions are a pure function of the shape while the workload estimate holds, so each
+        shape is predicted once per estimate; measurements correct them in `refit`."""
         new = [s for s in dict.fromkeys(shapes) if s not in self._preds]
         if new:
             k, s = self.k, self.setting
-            got = predict_many(new, [s.perf_for(x.tp) for x in new], s.engine, s.stats, self.batch,
+            got = predict_many(new, [s.perf_for(x.tp) for x in new], s.engine, self.workload.stats, self.batch,
                                s.devices_per_node, reps=self.reps, tol=k.predict_tol, grid_points=k.predict_grid_points)
             self._preds.update(zip(new, got))
         return [self._preds[s] for s in shapes]
@@ -179,6 +199,7 @@ class Controller:
 
     # ------------------------------------------------------------------ deciding
     def decide(self, obs: Observation, why: str) -> Effects:
+        self._estimate(obs)
         workers, free = self._workers(obs), self._usable_free(obs)
         n_devices = sum(len(w.devices) for w in workers) + len(free)
         tps = [tp for tp in self._tps() if n_devices >= tp]
@@ -214,8 +235,8 @@ class Controller:
         """Every candidate shape, best first, by the predictions as corrected by measurements."""
         s, tp0 = self.setting, (tps[0] if len(tps) == 1 else cur.tp)
         only = None if self.adapt_pd and n_devices >= 2 * min(tps) else [LayoutShape.colocated(n_devices // tp0, tp0)]
-        sel = select(n_devices - n_devices % min(tps), {tp: s.perf_for(tp) for tp in tps}, s.engine, s.stats,
-                     self.batch, current=cur if _valid(cur) else None, shapes=only,
+        sel = select(n_devices - n_devices % min(tps), {tp: s.perf_for(tp) for tp in tps}, s.engine,
+                     self.workload.stats, self.batch, current=cur if _valid(cur) else None, shapes=only,
                      devices_per_node=s.devices_per_node)
         return sorted(((s_, replace(p_, completion_s=self.refit.corrected(s_, p_.completion_s)))
                        for s_, p_, _, _ in sel.ranked), key=lambda x: x[1].completion_s)
@@ -265,9 +286,9 @@ class Controller:
         for d in devs:
             if d.pool is Pool.TRAIN and d.lease_deadline is not None:
                 w = min(w, d.lease_deadline - obs.t)
-            elif d.pool is Pool.ELASTIC:  # expected stay ~ the median lifetime, or until the notice
+            elif d.pool is Pool.ELASTIC:  # expected stay: the lifetimes observed so far, or until the notice
                 w = min(w, (d.notice_at - obs.t) if d.notice_at is not None
-                        else (self.setting.elastic_median_s or self.k.elastic_stay_s))
+                        else self.lifetimes.expected_stay_s(obs.t))
         return max(w, 0.0)
 
     def _effects(self, obs: Observation, why: str, ranked, cur: LayoutShape, cur_s: float, plan: Plan | None,

@@ -1,8 +1,9 @@
 """What the controller sees and what it asks for: the typed interface between `Controller` and a
 runtime.
 
-- `Observation`: a snapshot a runtime builds (devices, workers, the trainer, counters). The simulator
-  and the real runtime each build it from their own state; the controller cannot tell them apart.
+- `Observation`: a snapshot a runtime builds (devices, workers, the trainer, counters, the recently
+  finished trajectories). The simulator and the real runtime each build it from their own state; the
+  controller cannot tell them apart.
 - events (`DevicesAdded`, `Notice`, `DevicesRemoved`, `TrainerIdle`, `TrainerNeedsDevices`,
   `Redecide`): facts that arrive between ticks.
 - `Effects`: typed actions (`Start`, `Stop`, `Flip`, `Lend`, `Reclaim`), the decisions taken with their
@@ -20,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any, Union
 
 from pearl.types import DeviceStatus, LayoutShape, Pool, Role, WorkerPhase
+from pearl.workloads import TrajectorySpec
 
 __all__ = ["Action", "Decision", "DeviceObs", "DevicesAdded", "DevicesRemoved", "Effects", "Event", "Flip",
            "Lend", "Notice", "Observation", "Reclaim", "Redecide", "Start", "Stop", "TrainerIdle",
@@ -66,6 +68,10 @@ class Observation:
     trainer: TrainerObs
     tokens_generated: float = 0.0  # tokens decoded by every worker ever (a counter)
     active_integral: float = 0.0  # ∫ trajectories in flight dt since the start (a counter)
+    # The most recent finished trajectories as measured (tokens per turn, env latency), oldest first,
+    # and how many have finished since the start (a counter): what the workload estimate learns from.
+    finished: tuple[TrajectorySpec, ...] = ()
+    finished_count: int = 0
 
     def workers_on(self, devs: tuple[int, ...] | list[int]) -> list[WorkerObs]:
         ds = set(devs)

@@ -121,10 +121,15 @@ def _solve(cf, n_dw, n_p, dis, p_same, engine: EngineConfig, reps: BatchReps, to
         g = _segments(s, engine, T, tau_h, wait)
         r = _rates(s, g, b_ref, ctx_ref)
         flat, Ts, K_s, dt = g.flat, g.Ts, g.K_s, g.dt
-        new, tau_h, wait = np.empty(C * N), np.empty(C * N), np.empty(C * N)
+        new, tau_h, w_new = np.empty(C * N), np.empty(C * N), np.empty(C * N)
         new[flat], tau_h[flat] = r.new_s.ravel(), r.th_s.ravel()
-        wait[flat] = (K_s * np.cumsum(r.wq * dt, axis=1) / Ts).ravel()
-        new, tau_h, wait = new.reshape(C, N), tau_h.reshape(C, N), wait.reshape(C, N) / np.maximum(K, 1)
+        w_new[flat] = (K_s * np.cumsum(r.wq * dt, axis=1) / Ts).ravel()
+        new, tau_h, w_new = new.reshape(C, N), tau_h.reshape(C, N), w_new.reshape(C, N) / np.maximum(K, 1)
+        # Step 0.7, shrinking after 8 iterations: a saturated prefill queue can flip between two states
+        # (long waits: sessions queued need no decode-side KV, nothing is evicted, the queue drains;
+        # short waits: evictions, recomputes, the queue fills), so late steps average them.
+        a = 0.7 if it < 8 else 5.6 / it
+        wait = w_new if it < 8 else wait + a * (w_new - wait)
         if ic.size:
             wt = (r.nu * dt)[ic]
             wsum = np.maximum(wt.sum(1, keepdims=True), 1e-12)
@@ -132,8 +137,8 @@ def _solve(cf, n_dw, n_p, dis, p_same, engine: EngineConfig, reps: BatchReps, to
         # Converged once every shape still in contention (within 1.2x of the best) has: far worse
         # shapes (a starved decode side can oscillate) need no more precision to lose.
         tmax = new.max(axis=1)
-        done = np.max((np.abs(new - T) / T)[tmax <= 1.2 * tmax.min()]) < tol
-        T = 0.3 * T + 0.7 * new
+        done = np.max((np.abs(new - T) / T)[tmax <= 1.2 * tmax.min()]) * a / 0.7 < tol
+        T = T + a * (new - T)
         if done:
             break
     return _spread(s, g, r, T, tau_h, it + 1)
@@ -198,8 +203,9 @@ def _segments(s: SimpleNamespace, engine: EngineConfig, T, tau_h, wait) -> Simpl
     dt, tmid = Ts - prev, (Ts + prev) / 2
     slope = grow / Ts  # context growth per second while alive
     # Sums over the alive (reverse cumulative sums in completion order), all in one pass.
-    parts = np.stack([ws, ws * ps, wc0 * ps, ws * ps * slope, wc0, ws * slope, wK / Ts, ws * think])
-    S_w, S_p, S_pc, S_ps, S_c0, S_sl, S_k, S_z = np.cumsum(parts[:, :, ::-1], axis=2)[:, :, ::-1]
+    queued = np.minimum((K_s * wait_s + own_s) / Ts, 1.0)  # share of its life in the prefill queue
+    parts = np.stack([ws, ws * ps, wc0 * ps, ws * ps * slope, wc0, ws * slope, wK / Ts, ws * think, ws * queued])
+    S_w, S_p, S_pc, S_ps, S_c0, S_sl, S_k, S_z, S_q = np.cumsum(parts[:, :, ::-1], axis=2)[:, :, ::-1]
     oth = np.maximum(S_w - 1, 0) / np.maximum(S_w, 1e-12)  # share of the alive that are others
     S_c, S_all = S_pc + S_ps * tmid, S_c0 + S_sl * tmid  # contexts decoding / held by all alive
     B = np.minimum(1 + S_p * oth * mate, engine.max_num_seqs)
@@ -207,15 +213,25 @@ def _segments(s: SimpleNamespace, engine: EngineConfig, T, tau_h, wait) -> Simpl
     # KV beyond capacity: decoders wait (the batch shrinks by kv_slow, each advances kv_slow times
     # slower); idle sessions are evicted, so a share `evict` of turns recomputes / re-sends it all.
     kv_slow = np.maximum(1.0, (ctx + own_ctx) / cf.cap)
-    demand = S_all * oth * mate + own_ctx
+    # Disaggregated, a session waiting in the prefill queue has had its context fetched already (its
+    # copy on the decode worker is the first to go, harmlessly): only those decoding or in their
+    # environment need it kept there.
+    demand = S_all * np.where(s.dis, 1.0 - S_q / np.maximum(S_w, 1e-12), 1.0) * oth * mate + own_ctx
     evict = np.minimum(np.maximum(demand - cf.cap, 0.0) / np.maximum(demand - ctx - own_ctx, 1.0), 1.0)
     m_ctx = S_all / np.maximum(S_w, 1e-12)
-    # Colocated, an evicted context is recomputed; disaggregated, the prefill worker that last
-    # prefilled it still holds it (as the simulator's queued requests keep theirs), so it is re-sent.
-    rec = np.where(s.dis, m_ctx * s.xfer, (cf.a_tok * m_ctx + cf.a_pair * m_ctx ** 2 / 2) / cf.flop_rate)
+    recompute = (cf.a_tok * m_ctx + cf.a_pair * m_ctx ** 2 / 2) / cf.flop_rate
+    # Colocated, an evicted context is recomputed in the worker's own chunks. Disaggregated, the
+    # prefill worker that last prefilled it re-sends it if it still holds it: the prefill workers keep
+    # the most recently active contexts up to their own KV capacity (a share `held_p` of them), the
+    # decode side evicts the least recently active, so a share min(evict, 1 - held_p) of turns finds
+    # it nowhere and recomputes the whole context in the prefill queue; every evicted one is sent.
+    held_p = np.clip(s.n_p * cf.cap / np.maximum(S_all, 1.0), 0.0, 1.0)
+    rcmp = np.where(s.dis, np.minimum(evict, 1.0 - held_p), evict)
+    svc_ev = rcmp * recompute  # per turn, in the prefill queue (a prefill worker's or a mixed one's)
+    lat_ev = svc_ev + np.where(s.dis, evict * m_ctx * s.xfer, 0.0)  # per turn, on its critical path
     return SimpleNamespace(flat=flat, ws=ws, Dn_s=Dn_s, E_s=E_s, Cd_s=Cd_s, K_s=K_s, Ts=Ts, own_s=own_s,
                            ps=ps, dt=dt, S_w=S_w, S_k=S_k, S_z=S_z, oth=oth, B=B, ctx=ctx, own_ctx=own_ctx,
-                           kv_slow=kv_slow, evict=evict, rec=rec)
+                           kv_slow=kv_slow, evict=evict, svc_ev=svc_ev, lat_ev=lat_ev)
 
 
 def _rates(s: SimpleNamespace, g: SimpleNamespace, b_ref, ctx_ref) -> SimpleNamespace:
@@ -224,7 +240,7 @@ def _rates(s: SimpleNamespace, g: SimpleNamespace, b_ref, ctx_ref) -> SimpleName
     colocated rows of `s.own` (a turn's own mixed-step cost) in place."""
     cf, cc, dis, mate, ic = s.cf, s.cc, s.dis, s.mate, s.ic
     ev_x, ev_a, ev_w = s.ev_x, s.ev_a, s.ev_w
-    B, ctx, kv_slow, evict, rec, oth, S_w = g.B, g.ctx, g.kv_slow, g.evict, g.rec, g.oth, g.S_w
+    B, ctx, kv_slow, svc_ev, lat_ev, oth, S_w = g.B, g.ctx, g.kv_slow, g.svc_ev, g.lat_ev, g.oth, g.S_w
     tau_d, membound = _step(cf, B / kv_slow, ctx / kv_slow, parts=True)
     kappa = np.where((cf.sum > 0) | membound, cf.b_kv / cf.byte_rate, 0.0) + np.where(
         (cf.sum > 0) | ~membound, cf.a_pair / cf.flop_rate, 0.0)  # own context, per token per step
@@ -233,17 +249,17 @@ def _rates(s: SimpleNamespace, g: SimpleNamespace, b_ref, ctx_ref) -> SimpleName
     if ic.size:  # colocated: the mates' chunks lengthen the mixed steps (at the event-weighted batch)
         d_e = _step(cc, b_ref, ctx_ref, ev_x, ev_a) - _step(cc, b_ref, ctx_ref)
         d_mean[ic] = (d_e * ev_w).sum(1, keepdims=True)
-        stretch[ic] = 1 / (1 - np.minimum(nu[ic] * mate[ic] * (d_mean[ic] + evict[ic] * rec[ic]), 0.95))
+        stretch[ic] = 1 / (1 - np.minimum(nu[ic] * mate[ic] * (d_mean[ic] + svc_ev[ic]), 0.95))
         s.own[ic] = np.add.reduceat(d_e * s.ev_m, s.starts, axis=1)
     # The prefill queue (prefill workers, or a mixed worker's chunks) as a closed network: n
     # trajectories per server, each back after Z s of thinking, service s. Schweitzer's MVA gives
     # the residence R: R(Z + R) = s(Z + R) + s(n-1)R, light load R ~ s, saturation R ~ n·s - Z.
     n_q = np.where(dis, S_w / np.maximum(s.n_p, 1), 1 + S_w * oth * mate)
-    s_q = np.where(dis, s.s1, d_mean + evict * rec)  # a mixed worker also recomputes evicted contexts
+    s_q = np.where(dis, s.s1, d_mean) + svc_ev  # either queue also recomputes evicted contexts
     z_q = g.S_z / np.maximum(S_w, 1e-12)
     b_q = z_q - n_q * s_q
     wq = np.maximum((np.sqrt(b_q ** 2 + 4 * s_q * z_q) - b_q) / 2 - s_q, 0.0)
-    omega = np.where(dis, tau_d / 2, tau_d) + wq + evict * rec
+    omega = np.where(dis, tau_d / 2, tau_d) + wq + lat_ev
     tau_e = tau_d * kv_slow * stretch
     dt, Ts = g.dt, g.Ts
     I_inv, I_kap, I_om = np.cumsum(np.stack([dt / tau_e, kappa * stretch * dt, omega * dt]), axis=2)

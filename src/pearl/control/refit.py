@@ -41,6 +41,13 @@ class ThroughputRefit:
             r.samples += 1
         self.last = shape
 
+    def rescale(self, shape: Hashable, factor: float) -> None:
+        """The predictor's answer for `shape` changed (a new workload estimate): what was measured
+        stays, so its ratio to the prediction is multiplied by old / new predicted throughput."""
+        r = self.ratios.get(shape)
+        if r is not None and factor > 0:
+            r.value *= factor
+
     def measured(self, shape: Hashable) -> bool:
         r = self.ratios.get(shape)
         return r is not None and r.samples >= self.min_samples

@@ -24,18 +24,22 @@ resume elsewhere from their tokens) and given a new role (`set_role`): the real 
 """
 from __future__ import annotations
 
+import itertools
 import threading
+import time
 import zlib
+from collections import deque
 from concurrent import futures as cf
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from pearl.envs import EnvRunner
 from pearl.errors import EnvironmentFailure, PearlError, ResourceError, one_line
 from pearl.real.engine import Output, TorchEngine
 from pearl.real.sampling import SamplingParams
-from pearl.rl.trajectory import Group, Trajectory
+from pearl.rl.trajectory import Group, Status, Trajectory
 from pearl.types import Role
+from pearl.workloads import TrajectorySpec
 
 
 @dataclass
@@ -44,6 +48,8 @@ class Episode:
     runner: EnvRunner | None  # None: the environment could not be built
     group: Group
     engine: int  # index of the engine that starts its turns (a prefill engine under PD)
+    env_s: list[float] = field(default_factory=list)  # seconds each environment step took (as waited)
+    env_t0: float = 0.0
 
 
 class AgentLoop:
@@ -70,6 +76,8 @@ class AgentLoop:
         self._turn_end = self._glue()
         self.tokens_generated = 0
         self.tokens_env = 0
+        self.finished: deque[TrajectorySpec] = deque(maxlen=512)  # as they ran: what the controller learns
+        self.finished_count = 0
         self.pool = cf.ThreadPoolExecutor(env_workers, thread_name_prefix="pearl-env") if env_workers > 0 else None
         self.env_pending: dict[str, tuple[Episode, str, cf.Future]] = {}  # trajectory id -> env call in flight
         self.engine_pool = cf.ThreadPoolExecutor(thread_name_prefix="pearl-engine") if parallel_engines else None
@@ -124,6 +132,7 @@ class AgentLoop:
         """Reset or step `ep`'s environment: inline, or on the pool (the result is handled by
         `collect_env` once it is there)."""
         fn = ep.runner.reset if kind == "reset" else ep.runner.step
+        ep.env_t0 = time.perf_counter()
         if self.pool is None:
             return self._env_result(ep, kind, _outcome(fn, arg))
         self.env_pending[ep.traj.id] = (ep, kind, self.pool.submit(_outcome, fn, arg))
@@ -157,6 +166,7 @@ class AgentLoop:
             self._submit(ep)
             return self._take_closed()
         t.add_reward(res.reward)
+        ep.env_s.append(time.perf_counter() - ep.env_t0)
         if res.done:
             t.info.update({k: v for k, v in res.info.items() if isinstance(v, (str, int, float, bool))})
             t.finish()
@@ -320,6 +330,9 @@ class AgentLoop:
 
     def _close(self, ep: Episode) -> list[Group]:
         self._drop(ep.traj.id)
+        if ep.traj.status is Status.OK:
+            self.finished.append(_as_spec(ep, self.finished_count))
+            self.finished_count += 1
         self.env_pending.pop(ep.traj.id, None)
         self.episodes.pop(ep.traj.id, None)
         ep.group.pending -= 1
@@ -342,3 +355,16 @@ def _outcome(fn: Callable[[Any], Any], arg: Any) -> tuple[Any, str | None]:
     except Exception as err:  # EnvRunner wraps the env's own errors; anything else is still this trajectory's
         return None, f"environment call raised {type(err).__name__}: {one_line(str(err))}"
 
+
+
+def _as_spec(ep: Episode, index: int) -> TrajectorySpec:
+    """A finished episode as the workload estimate sees it: the prompt (the first run of non-model
+    tokens), each response (a run of model tokens), each observation (the non-model tokens between
+    two responses) and each environment step's measured seconds."""
+    runs = [(m, sum(1 for _ in g)) for m, g in itertools.groupby(ep.traj.loss_mask)]
+    prompt = runs[0][1] if runs and runs[0][0] == 0 else 0
+    resp = tuple(n for m, n in runs if m == 1)
+    first = next((i for i, (m, _) in enumerate(runs) if m == 1), len(runs))
+    obs = tuple(n for m, n in runs[first:] if m == 0)[:max(len(resp) - 1, 0)]
+    env = tuple(ep.env_s[:len(resp)]) + (0.0,) * max(len(resp) - len(ep.env_s), 0)
+    return TrajectorySpec(index, ep.traj.group_id, max(prompt, 1), resp, obs, env)

@@ -103,7 +103,8 @@ class RealControl:
                                      e.load(), e.kv_used()))
         tokens = sum(e.stats.tokens_decoded for e in ag.engines)
         return Observation(t, devices, tuple(workers), self.state.shape(), self.trainer(), tokens_generated=tokens,
-                           active_integral=self._active_integral)
+                           active_integral=self._active_integral, finished=tuple(ag.finished),
+                           finished_count=ag.finished_count)
 
     # ------------------------------------------------------------------ actuators
     def start(self, devices: tuple[int, ...], role: Role, load_s: float) -> None:

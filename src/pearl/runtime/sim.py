@@ -9,7 +9,7 @@ which observes this simulator and acts through its actuators (`start_worker`, `s
 from __future__ import annotations
 
 import random
-from collections import Counter
+from collections import Counter, deque
 
 from pearl.config import ScenarioConfig
 from pearl.control.staleness import StalenessGate
@@ -28,7 +28,9 @@ from pearl.types import Pool, Role, WorkerPhase
 from pearl.rl.trajectory import Group
 from pearl.runtime.sim_records import SimTrajectory
 from pearl.runtime.sim_trainer import SimTrainer
-from pearl.workloads import Workload
+from pearl.workloads import TrajectorySpec, Workload
+
+FINISHED_KEPT = 512  # recent finished trajectories an observation shows the controller
 
 
 class Simulator(SimTrainer):
@@ -76,6 +78,8 @@ class Simulator(SimTrainer):
         self.trainer_device_wait = 0.0
         self.migrated = 0
         self.recomputed_tokens = 0
+        self.finished_recent: deque[TrajectorySpec] = deque(maxlen=FINISHED_KEPT)  # what the controller learns from
+        self.finished_count = 0
 
     # ------------------------------------------------------------------ cluster
     def _build_cluster(self) -> None:
@@ -312,6 +316,8 @@ class Simulator(SimTrainer):
     def _finish_trajectory(self, tr: SimTrajectory) -> None:
         tr.t_end = self.clock.now
         tr.in_env = False
+        self.finished_recent.append(tr.spec)  # as it ran: the simulator's trajectories run their spec exactly
+        self.finished_count += 1
         for e in (tr.home, tr.pre_home):
             if e is not None:
                 e.drop_session(tr.id)

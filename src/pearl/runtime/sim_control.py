@@ -10,7 +10,6 @@ from pearl.control.controller import ControlSetting
 from pearl.control.observation import (DeviceObs, DevicesAdded, DevicesRemoved, Notice, Observation, TrainerObs,
                                        WorkerObs)
 from pearl.control.policies import make_controller
-from pearl.control.predictor import WorkloadStats
 from pearl.runtime.driver import ControlDriver
 from pearl.types import DeviceStatus, Mode, Pool, Role
 
@@ -38,13 +37,11 @@ class SimControl:
             sim.start_worker(g, role, load_s=0.0)
         policy = sim.cfg.policy
         setting = None
-        if policy.name not in ("fixed", "static-pd"):
-            el = sim.cfg.cluster.elastic.lifetime_s
-            setting = ControlSetting(
-                perf_for=sim.perf_for, engine=sim.cfg.engine, stats=WorkloadStats.from_workload(sim.workload),
-                batch_size=sim.batch_trajs, staleness=sim.cfg.rl.staleness,
-                devices_per_node=sim.cfg.cluster.devices_per_node, num_kv_heads=sim.model.num_kv_heads,
-                train_devices=tuple(sim.train_devices), elastic_median_s=el.median or el.value)
+        if policy.name not in ("fixed", "static-pd"):  # no oracle: the controller learns the workload
+            setting = ControlSetting(  # and the elastic lifetimes from what it observes (control.estimate)
+                perf_for=sim.perf_for, engine=sim.cfg.engine, stats=None, batch_size=sim.batch_trajs,
+                staleness=sim.cfg.rl.staleness, devices_per_node=sim.cfg.cluster.devices_per_node,
+                num_kv_heads=sim.model.num_kv_heads, train_devices=tuple(sim.train_devices))
         self.driver = ControlDriver(make_controller(policy, setting), sim.clock, self, self.observe)
         self.driver.start()
         return self.driver
@@ -63,7 +60,8 @@ class SimControl:
                              tuple(sim.batch_ready_t[-4:]), tuple(sim.train_devices))
         return Observation(sim.clock.now, devices, workers, st.shape(), trainer,
                            tokens_generated=sum(e.tokens_decoded for e in sim.all_engines),
-                           active_integral=sim.active_integral)
+                           active_integral=sim.active_integral, finished=tuple(sim.finished_recent),
+                           finished_count=sim.finished_count)
 
     # ------------------------------------------------------------------ actuators
     def start(self, devices: tuple[int, ...], role: Role, load_s: float) -> None:
