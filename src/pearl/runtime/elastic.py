@@ -3,9 +3,10 @@
 - `poisson`: bursts of `burst` devices arrive at `arrival_rate_per_h` (Poisson), each stays a
   `lifetime_s` draw; arrivals that would exceed `max_devices` are dropped.
 - `spot`: a pool of `max_devices` devices in node slots of `burst` devices (a node: they arrive and
-  leave together). Every slot is filled at `start_s`; a node stays a `lifetime_s` draw, then the
-  slot waits an exponential time (mean 1 / `arrival_rate_per_h`) for a new node. Each slot has a
-  seeded generator of its own.
+  leave together). A node stays a `lifetime_s` draw, then its slot waits an exponential time (mean
+  1 / `arrival_rate_per_h`) for a new node. Each slot has a seeded generator of its own and runs
+  from `SPOT_WARMUP_S` before `start_s`, so at `start_s` the pool is in its steady state (a node
+  there then joins at `start_s`), not artificially full.
 - `constant`: the control for `spot`: the same pool, every node present from `start_s` on, never
   revoked.
 - `csv`: one row per burst, `t_add,t_remove,count,notice_s` (`notice_s` empty = abrupt loss).
@@ -74,6 +75,9 @@ def node_slots(cfg: ElasticConfig) -> list[int]:
     return [size] * n + ([rest] if rest else [])
 
 
+SPOT_WARMUP_S = 24 * 3600.0  # a day of slot history before start_s: many lifetimes + waits
+
+
 def spot_trace(cfg: ElasticConfig, horizon_s: float, seed: int) -> list[Burst]:
     """The `spot` (or `constant`) pool's bursts up to `horizon_s` (see the module docstring)."""
     out: list[Burst] = []
@@ -83,11 +87,12 @@ def spot_trace(cfg: ElasticConfig, horizon_s: float, seed: int) -> list[Burst]:
             out.append(Burst(cfg.start_s, math.inf, count, None))
             continue
         rng = np.random.default_rng([seed, 31337, k])
-        t = cfg.start_s
+        t = cfg.start_s - SPOT_WARMUP_S
         while t < horizon_s:
             life = float(draw(cfg.lifetime_s, rng))
             notice = cfg.notice_s if rng.random() < cfg.notice_probability else None
-            out.append(Burst(t, t + life, count, notice))
+            if t + life > cfg.start_s:  # (a node gone before the run starts is not in the trace)
+                out.append(Burst(max(t, cfg.start_s), t + life, count, notice))
             if refill <= 0:
                 break
             t += life + float(rng.exponential(1.0 / refill))
