@@ -215,3 +215,15 @@ def test_plan_static_uses_neither_elastic_nor_the_trainers_devices():
     res = sim.run()
     assert res["utilisation"]["by_pool"]["elastic"] == 0
     assert all(sim.state.devices[d].pool.value == "rollout" for e in sim.all_engines for d in e.devices)
+
+
+def test_plan_static_switches_once_when_the_runtime_started_the_configured_layout(monkeypatch):
+    from pearl.runtime.sim_control import SimControl
+    configured = SimControl._initial_layout
+    monkeypatch.setattr(SimControl, "_initial_layout", lambda self, shape: configured(self, None))
+    sim = Simulator(_cfg("plan-static"))
+    res = sim.run()
+    (d,) = sim.driver.decisions
+    assert d["t"] == 0 and d["switch"] and d["current"] == "colocated×8"
+    assert res["layout_final"] == d["chosen"] == d["candidates"][0][0]
+    assert res["reconfiguration"]["switches"] >= 1

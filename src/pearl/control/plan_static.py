@@ -61,14 +61,15 @@ class PlanStatic(Controller):
         free = [d for d in self._usable_free(obs) if d.pool is Pool.ROLLOUT]
         n = sum(len(w.devices) for w in workers) + len(free)
         ranked = self._ranked(n)
-        best, pred = self.planned or ranked[0][0], dict(ranked).get(self.planned or ranked[0][0], ranked[0][1])
-        self.planned = best
-        cur = obs.shape
+        preds = dict(ranked)
+        best = self.planned if self.planned in preds else ranked[0][0]
+        self.planned, cur = best, obs.shape
         if cur == best:
-            return self._effects(obs, "plan", ranked, cur, math.nan, None, f"keep: {best} is the planned layout")
+            return self._effects(obs, "plan", ranked, cur, math.nan, None, f"keep: {best} is the planned layout",
+                                 best, preds[best])
         plan = plan_transition(workers, free, best, self.costs, device_nodes={d.id: d.node for d in obs.devices})
         eff = self._effects(obs, "plan", ranked, cur, math.nan, plan, f"switch: to the planned layout {best}", best,
-                            pred, None, plan.makespan_s)
+                            preds[best], None, plan.makespan_s)
         eff.actions += self._plan_actions(plan)
         return eff
 
