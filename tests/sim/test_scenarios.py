@@ -227,3 +227,10 @@ def test_plan_static_switches_once_when_the_runtime_started_the_configured_layou
     assert d["t"] == 0 and d["switch"] and d["current"] == "colocated×8"
     assert res["layout_final"] == d["chosen"] == d["candidates"][0][0]
     assert res["reconfiguration"]["switches"] >= 1
+
+
+def test_plan_static_loses_no_trajectory():
+    from tests.control.test_policies_sim import live_trajectories, run, scenario
+    sim, res = run(scenario("plan-static"))
+    assert res["train_steps"] >= 2
+    assert sim.next_traj == sim.trained_trajs + sim.discarded + len(live_trajectories(sim))
