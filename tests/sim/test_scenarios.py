@@ -77,6 +77,7 @@ def test_a_spot_trace_reaches_the_controller_and_the_devices_serve():
     triggers = [d["trigger"] for d in sim.driver.decisions]
     assert any("elastic devices arrived" in t for t in triggers)
     assert any("elastic devices gone" in t for t in triggers)
+    assert any("revocation notice" in t for t in triggers)
     assert any(e.devices[0] in elastic for e in sim.all_engines)  # PEARL ran workers on them
     nodes = {sim.state.devices[d].node for d in elastic}
     assert all(sum(sim.state.devices[d].node == n for d in elastic) <= 8 for n in nodes)
