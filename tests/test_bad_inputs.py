@@ -100,6 +100,12 @@ CASES: list[tuple[str, str, str | bytes, tuple[str, ...]]] = [
      ("cluster.elastic.csv: file not found: nope.csv",)),
     ("elastic-csv-binary", "sim", "cluster: {elastic: {kind: csv, csv: bin.dat}}\n",
      ("'cluster.elastic'", "csv 'bin.dat' is not a readable text file")),
+    ("schedule-not-increasing", "sim", "workload: {schedule: [{step: 5}, {step: 2, response: 2}]}\n",
+     ("'workload.schedule'", "schedule steps must increase: step 2 follows step 5")),
+    ("schedule-factor-negative", "sim", "workload: {schedule: [{step: 0, response: -1}]}\n",
+     ("'workload.schedule.0.response' = -1", "greater than 0")),
+    ("schedule-step-float", "sim", "workload: {schedule: [{step: 1.5}]}\n",
+     ("'workload.schedule.0.step' = 1.5", "valid integer")),
     # ---- pearl train
     ("train-empty-file", "train", "", ("t.yaml: the file is empty",)),
     ("train-group-size-1", "train", "group_size: 1\n", ("group_size 1", "allow_single_sample")),

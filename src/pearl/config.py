@@ -18,6 +18,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
 from pearl.config_estimate import EstimateConfig
+from pearl.config_schedule import Schedule
 from pearl.errors import ConfigError, describe, one_line
 from pearl.types import LayoutShape, Mode
 
@@ -122,16 +123,16 @@ class WorkloadConfig(Frozen):
     response_tokens: Dist | None = None
     observation_tokens: Dist | None = None
     env_latency_s: Dist | None = None
-    # Per-trajectory scale of response length (long-tail trajectories are long in every turn).
-    trajectory_response_scale: Dist | None = None
+    trajectory_response_scale: Dist | None = None  # per trajectory: long-tail ones are long in every turn
     max_context: int | None = Field(default=None, gt=0, le=MAX_TOKENS)
+    schedule: Schedule | None = None  # non-stationary: multipliers over training steps (config_schedule)
 
 
 # ---------------------------------------------------------------- cluster, engines, layout
 class ElasticConfig(Frozen):
-    """External devices: none, a synthetic generator, or a CSV trace (time_s,event,count[,notice_s])."""
+    """External devices: none, Poisson bursts, spot node slots, a constant pool, or a CSV trace (runtime.elastic)."""
 
-    kind: Literal["none", "poisson", "csv"] = "none"
+    kind: Literal["none", "poisson", "spot", "constant", "csv"] = "none"
     arrival_rate_per_h: float = Field(default=4.0, ge=0, le=1e6)  # poisson: arrival bursts per hour
     burst: Dist = Dist(kind="constant", value=8)  # devices per arrival burst
     lifetime_s: Dist = Dist(kind="lognormal", median=3600, p90=12000)
@@ -253,7 +254,7 @@ class ControllerConfig(Frozen):
 class PolicyConfig(Frozen):
     """Who decides the layout over time. `fixed`: the layout above, never changed."""
 
-    name: Literal["fixed", "pearl", "rlboost+", "static-pd", "roll-partial"] = "fixed"
+    name: Literal["fixed", "pearl", "rlboost+", "static-pd", "roll-partial", "plan-static"] = "fixed"
     # Controller knobs (issue 3); fixed policies ignore them.
     decision_interval_s: float = Field(default=30.0, gt=0, le=MAX_DURATION_S)
     switch_margin: float = Field(default=0.1, ge=0, le=1e6)  # required relative gain over cost

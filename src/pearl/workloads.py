@@ -4,6 +4,10 @@ A profile gives, per trajectory, the distributions of turns, first-prompt tokens
 observation tokens and environment latency (see ../shared/WORKLOADS.md for the grounding of each
 number). Every trajectory is drawn from its own RNG seeded by (scenario seed, trajectory index), so
 two policies simulated on the same seed see exactly the same trajectories.
+
+A non-stationary workload (`workload.schedule`, `pearl.config_schedule`) multiplies the draws of a
+trajectory by the schedule's factors at the training step it is drawn for (`trajectory(..., step=)`;
+step 0, the schedule's start, when not given: what a predictor knows before the run).
 """
 from __future__ import annotations
 
@@ -13,6 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from pearl.config import Dist, WorkloadConfig
+from pearl.config_schedule import factors
 from pearl.errors import UnknownNameError
 
 Z90 = 1.2815515655446004  # standard normal 90th percentile
@@ -102,19 +107,23 @@ class Workload:
         self.name = cfg.profile
         self.dists: dict[str, Dist] = {f: getattr(cfg, f) or base[f] for f in self.FIELDS}  # type: ignore[misc]
         self.scale = cfg.trajectory_response_scale
+        self.schedule = cfg.schedule
         self.max_context = int(cfg.max_context or base["max_context"])
         self.seed = seed
         self._means: dict[str, float] | None = None
 
-    def trajectory(self, index: int, group: int, group_prompt_tokens: int | None = None) -> TrajectorySpec:
+    def trajectory(self, index: int, group: int, group_prompt_tokens: int | None = None,
+                   step: float = 0) -> TrajectorySpec:
+        """Trajectory `index` of prompt group `group`, drawn for training step `step` (the schedule's
+        factors there scale turns, responses, observations and environment latency)."""
         rng = np.random.default_rng([self.seed, 7919, index])
-        d = self.dists
+        d, f = self.dists, factors(self.schedule, step)
         prompt = group_prompt_tokens or max(1, int(draw(d["prompt_tokens"], rng)))
-        turns = max(1, int(round(draw(d["turns"], rng))))
-        scale = draw(self.scale, rng) if self.scale else 1.0
+        turns = max(1, int(round(draw(d["turns"], rng) * f["turns"])))
+        scale = (draw(self.scale, rng) if self.scale else 1.0) * f["response"]
         resp = np.maximum(1, (draw(d["response_tokens"], rng, turns) * scale)).astype(int)
-        obs = np.maximum(1, draw(d["observation_tokens"], rng, turns).astype(int))
-        lat = draw(d["env_latency_s"], rng, turns)
+        obs = np.maximum(1, (draw(d["observation_tokens"], rng, turns) * f["observation"]).astype(int))
+        lat = draw(d["env_latency_s"], rng, turns) * f["env_latency"]
         # The context limit ends a trajectory early, as in real RL configs.
         ctx, keep = prompt, 0
         for k in range(turns):

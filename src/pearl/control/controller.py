@@ -58,7 +58,7 @@ class ControlSetting:
 
 def _valid(shape: LayoutShape) -> bool:
     return shape.n_workers > 0 and (shape.n_mixed + shape.n_decode) > 0 and \
-        (shape.mode is Mode.COLOCATED or shape.n_prefill > 0)
+        (shape.mode is Mode.COLOCATED or (shape.n_prefill > 0 and shape.n_decode > 0))  # (P + mixed: transient)
 
 
 class Controller:

@@ -15,6 +15,7 @@ from __future__ import annotations
 from pearl.config import PolicyConfig
 from pearl.control.controller import ControlSetting, Controller
 from pearl.control.observation import Effects, Event, Observation
+from pearl.control.plan_static import PlanStatic
 
 __all__ = ["RLBoostPlus", "RollPartial", "StaticController", "make_controller"]
 
@@ -67,4 +68,6 @@ def make_controller(policy: PolicyConfig, setting: ControlSetting | None) -> Con
         return StaticController(policy)
     if setting is None:
         raise ValueError(f"policy {policy.name!r} needs a ControlSetting")
+    if policy.name == "plan-static":  # the layout `pearl plan` ranks best, kept (control/plan_static.py)
+        return PlanStatic(policy, setting)
     return {"pearl": Controller, "rlboost+": RLBoostPlus, "roll-partial": RollPartial}[policy.name](policy, setting)

@@ -215,13 +215,13 @@ class Simulator(SimTrainer):
 
     # ------------------------------------------------------------------ rollout
     def _admit(self) -> None:
-        n = self.cfg.rl.group_size
+        n, rl_prompts = self.cfg.rl.group_size, self.cfg.rl.prompts_per_batch  # batch = admission order
         while self.gate.capacity(self.version) >= n:
             g = Group(self.next_group, n)
             self.groups[g.gid] = g
             prompt = self.workload.group_prompt_tokens(g.gid)
             for _ in range(n):
-                spec = self.workload.trajectory(self.next_traj, g.gid, prompt)
+                spec = self.workload.trajectory(self.next_traj, g.gid, prompt, step=g.gid // rl_prompts)
                 tr = SimTrajectory(spec, f"t{self.next_traj}", self.clock.now, ctx=spec.prompt_tokens)
                 self.next_traj += 1
                 self._start_turn(tr)

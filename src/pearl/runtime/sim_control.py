@@ -4,14 +4,16 @@ arrivals, notices and removals become controller events. The controller itself i
 the real runtime ticks (`pearl.control.policies.make_controller`)."""
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from pearl.control.controller import ControlSetting
 from pearl.control.observation import (DeviceObs, DevicesAdded, DevicesRemoved, Notice, Observation, TrainerObs,
                                        WorkerObs)
 from pearl.control.policies import make_controller
+from pearl.control.predictor import WorkloadStats
 from pearl.runtime.driver import ControlDriver
-from pearl.types import DeviceStatus, Mode, Pool, Role
+from pearl.types import DeviceStatus, LayoutShape, Mode, Pool, Role
 
 __all__ = ["SimControl"]
 
@@ -25,26 +27,39 @@ class SimControl:
 
     # ------------------------------------------------------------------ set-up
     def setup(self) -> ControlDriver:
-        """Build the initial layout (ready at t=0: weights already loaded), then the controller, and
-        schedule its first tick."""
+        """Build the controller, then the initial layout (ready at t=0: weights already loaded; the
+        controller's planned one if it has one), and schedule its first tick."""
         sim = self.sim
-        lay, tp = sim.cfg.layout, sim.cfg.engine.tp
-        devs = sim.rollout_devices
-        groups = [tuple(devs[i:i + tp]) for i in range(0, len(devs) - tp + 1, tp)]
-        roles = ([Role.PREFILL] * lay.prefill + [Role.DECODE] * lay.decode
-                 if lay.mode is Mode.DISAGGREGATED else [Role.MIXED] * len(groups))
-        for g, role in zip(groups, roles):
-            sim.start_worker(g, role, load_s=0.0)
         policy = sim.cfg.policy
         setting = None
         if policy.name not in ("fixed", "static-pd"):  # no oracle: the controller learns the workload
-            setting = ControlSetting(  # and the elastic lifetimes from what it observes (control.estimate)
-                perf_for=sim.perf_for, engine=sim.cfg.engine, stats=None, batch_size=sim.batch_trajs,
+            # and the elastic lifetimes from what it observes (control.estimate); plan-static is the user who
+            # runs `pearl plan` on the declared workload before the run, so it is given that workload's stats.
+            stats = WorkloadStats.from_workload(sim.workload) if policy.name == "plan-static" else None
+            setting = ControlSetting(
+                perf_for=sim.perf_for, engine=sim.cfg.engine, stats=stats, batch_size=sim.batch_trajs,
                 staleness=sim.cfg.rl.staleness, devices_per_node=sim.cfg.cluster.devices_per_node,
                 num_kv_heads=sim.model.num_kv_heads, train_devices=tuple(sim.train_devices))
-        self.driver = ControlDriver(make_controller(policy, setting), sim.clock, self, self.observe)
+        ctrl = make_controller(policy, setting)
+        plan = getattr(ctrl, "initial_shape", None)  # a policy that plans its layout before the run
+        self._initial_layout(plan(len(sim.rollout_devices)) if plan else None)
+        self.driver = ControlDriver(ctrl, sim.clock, self, self.observe)
         self.driver.start()
         return self.driver
+
+    def _initial_layout(self, shape: LayoutShape | None) -> None:
+        """Start the configured layout (or `shape`) on the rollout devices, ready at t = 0."""
+        sim = self.sim
+        lay, tp = sim.cfg.layout, (shape.tp if shape else sim.cfg.engine.tp)
+        devs = sim.rollout_devices
+        groups = [tuple(devs[i:i + tp]) for i in range(0, len(devs) - tp + 1, tp)]
+        if shape is not None:
+            roles = shape.roles()
+        else:
+            roles = ([Role.PREFILL] * lay.prefill + [Role.DECODE] * lay.decode
+                     if lay.mode is Mode.DISAGGREGATED else [Role.MIXED] * len(groups))
+        for g, role in zip(groups, roles):
+            sim.start_worker(g, role, load_s=0.0)
 
     # ------------------------------------------------------------------ observing
     def observe(self, tick: bool) -> Observation:
@@ -95,14 +110,15 @@ class SimControl:
     # ------------------------------------------------------------------ elastic devices
     def elastic_add(self, b) -> None:
         sim = self.sim
-        t, node = sim.clock.now, sim.next_node
-        sim.next_node += 1
-        devs = [sim.state.add_device(t, Pool.ELASTIC, node=node) for _ in range(b.count)]
+        t, per_node = sim.clock.now, sim.cfg.cluster.devices_per_node
+        devs = [sim.state.add_device(t, Pool.ELASTIC, node=sim.next_node + i // per_node) for i in range(b.count)]
+        sim.next_node += -(-b.count // per_node)  # a burst of several nodes' devices fills whole nodes
         for d in devs:
             sim.device_time[d] = [t, None]
-        if b.notice_s is not None:
-            sim.clock.at(max(t, b.t_remove - b.notice_s), self.elastic_notice, devs, b.t_remove)
-        sim.clock.at(b.t_remove, self.elastic_remove, devs, b.notice_s is None)
+        if math.isfinite(b.t_remove):  # a constant pool's devices never leave
+            if b.notice_s is not None:
+                sim.clock.at(max(t, b.t_remove - b.notice_s), self.elastic_notice, devs, b.t_remove)
+            sim.clock.at(b.t_remove, self.elastic_remove, devs, b.notice_s is None)
         self.driver.event(DevicesAdded(tuple(devs)))
 
     def elastic_notice(self, devs: list[int], at: float) -> None:

@@ -1,0 +1,77 @@
+"""`plan-static`: the static layout a careful user picks with `pearl plan` before the run, then keeps.
+
+The strongest natural static baseline (issue 9): the PD mode, P:D ratio and tensor-parallel size
+ranked best by the same predictor and selector PEARL uses (`pearl plan` calls the same predictor),
+for the rollout pool, the batch in flight ((η + 1) · B) and the workload statistics the controller
+is given before the run (`ControlSetting.stats`: it knows no more than PEARL). It plans once and
+never changes: no re-decision, no borrowing of the trainer's devices, no elastic devices (a static
+layout cannot use devices that come and go), every event ignored.
+
+The simulator builds the planned layout at t = 0 (`initial_shape`), so the baseline pays no
+switch; a runtime that started the configured layout instead gets one switch on the first tick,
+planned make-before-break like any of PEARL's.
+"""
+from __future__ import annotations
+
+import math
+
+from pearl.control.controller import Controller
+from pearl.control.observation import Effects, Event, Observation
+from pearl.control.planner import plan_transition
+from pearl.types import LayoutShape, Pool
+
+__all__ = ["PlanStatic"]
+
+
+class PlanStatic(Controller):
+    """Plan once from the declared workload (see the module docstring), then never change."""
+
+    name = "plan-static"
+    static = True  # the driver hands it no events: no elastic devices, no borrowing
+    adapt_pd = True  # the plan chooses mode, ratio and tp, as `pearl plan` ranks them
+    cost_model = False
+    absorbs_elastic = False
+
+    def __init__(self, policy, setting):
+        super().__init__(policy, setting)
+        self.planned: LayoutShape | None = None
+        self._ticked = False
+
+    def initial_shape(self, n_devices: int) -> LayoutShape:
+        """The best shape for `n_devices` rollout devices (planned once, remembered)."""
+        if self.planned is None:
+            self.planned = self._ranked(n_devices)[0][0]
+        return self.planned
+
+    def _ranked(self, n_devices: int):
+        tps = [tp for tp in self._tps() if n_devices >= tp] or [self.setting.engine.tp]
+        tp0 = self.setting.engine.tp
+        return self._rank(n_devices, tps, LayoutShape.colocated(max(1, n_devices // tp0), tp0))
+
+    def first_tick_t(self) -> float | None:
+        return 0.0
+
+    def on_tick(self, obs: Observation) -> Effects:
+        """The one tick: keep the planned layout if it runs, else switch to it; no tick after."""
+        if self._ticked:
+            return Effects()
+        self._ticked = True
+        pools = {d.id: d.pool for d in obs.devices}
+        workers = [w for w in self._workers(obs) if all(pools[d] is Pool.ROLLOUT for d in w.devices)]
+        free = [d for d in self._usable_free(obs) if d.pool is Pool.ROLLOUT]
+        n = sum(len(w.devices) for w in workers) + len(free)
+        ranked = self._ranked(n)
+        preds = dict(ranked)
+        best = self.planned if self.planned in preds else ranked[0][0]
+        self.planned, cur = best, obs.shape
+        if cur == best:
+            return self._effects(obs, "plan", ranked, cur, math.nan, None, f"keep: {best} is the planned layout",
+                                 best, preds[best])
+        plan = plan_transition(workers, free, best, self.costs, device_nodes={d.id: d.node for d in obs.devices})
+        eff = self._effects(obs, "plan", ranked, cur, math.nan, plan, f"switch: to the planned layout {best}", best,
+                            preds[best], None, plan.makespan_s)
+        eff.actions += self._plan_actions(plan)
+        return eff
+
+    def on_event(self, ev: Event, obs: Observation) -> Effects:
+        return Effects()
