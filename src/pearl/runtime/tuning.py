@@ -11,9 +11,10 @@ PEARL's own model, and a baseline tuned by it would inherit its errors.
 `bound` (docs/policies.md): the best static configuration for the time-averaged device budget
 with free switching. The budget is the rollout devices, plus the elastic devices present on average,
 plus the trainer's devices times the share of time the trainer is idle (all measured in PEARL's run
-of the same scenario and seeds). The bound cluster has that many rollout devices (rounded up to a
-whole worker), no spot pool and no borrowing (the trainer keeps its own devices: generous), and the
-layout is the best of every colocated tp, every P:D ratio and every cap, tuned as above.
+of the same scenario and seeds). The bound cluster has ⌈budget⌉ rollout devices (a layout at tp uses
+⌊⌈budget⌉ / tp⌋ workers), no spot pool and no borrowing (the trainer keeps its own devices:
+generous), and the layout is the best of every colocated tp, every P:D ratio and every cap, tuned
+as above.
 """
 from __future__ import annotations
 
@@ -194,5 +195,5 @@ def bound_budget(cfg: ScenarioConfig, results: list[dict[str, Any]]) -> float:
 
 
 def bound_devices(budget: float, tp: int) -> int:
-    """Rollout devices of the bound cluster at `tp`: the budget rounded up to a whole worker."""
-    return max(tp, int(math.ceil(budget / tp - 1e-9)) * tp)
+    """Rollout devices a bound layout at `tp` uses: whole workers within ⌈budget⌉ (at least one)."""
+    return max(tp, int(math.ceil(budget - 1e-9)) // tp * tp)
