@@ -141,7 +141,8 @@ class Tuned:
 def bound_candidates(cfg: ScenarioConfig, budget: float) -> list[tuple[Knobs, int]]:
     """Every static configuration of the bound cluster: at each tp, `bound_devices(budget, tp)`
     rollout devices, colocated or any P:D ratio, each cap."""
-    return [(k, n) for tp in valid_tps(cfg) for n in [bound_devices(budget, tp)]
+    tps = [tp for tp in valid_tps(cfg) if tp <= math.ceil(budget - 1e-9)] or valid_tps(cfg)[:1]
+    return [(k, n) for tp in tps for n in [bound_devices(budget, tp)]
             for k in candidates(cfg, "bound", n) if k.tp == tp]
 
 
