@@ -80,3 +80,22 @@ def test_knobs_become_a_valid_scenario():
 
     c = configure(small(), Knobs(2, 16, 1, 1).overrides())
     assert c.layout.mode.value == "disaggregated" and c.engine.tp == 2 and c.rl.max_concurrent_trajectories == 16
+
+
+@pytest.mark.slow
+def test_pearl_compare_writes_the_table_and_the_pngs(tmp_path, capsys):
+    import yaml
+
+    from pearl.cli import main
+
+    s = tmp_path / "s.yaml"
+    s.write_text(yaml.safe_dump(small().model_dump(mode="json")))
+    with pytest.raises(SystemExit) as e:
+        main(["compare", str(s), "--seeds", "2", "--out", str(tmp_path / "out"), "--duration", "600"])
+    assert e.value.code == 0
+    text = capsys.readouterr().out
+    for row in ("| fixed tuned |", "| static-pd tuned |", "| rlboost+ tuned |", "| roll-partial tuned |", "| pearl |",
+                "| bound |", "| pearl tp pinned |", "PEARL / best tuned baseline"):
+        assert row in text
+    for png in ("throughput.png", "timeline.png", "utilisation.png"):
+        assert (tmp_path / "out" / png).stat().st_size > 10_000

@@ -77,9 +77,14 @@ def _as_configured(cfg: ScenarioConfig) -> dict[str, ScenarioConfig]:
     return out
 
 
-def _submit(ex: ProcessPoolExecutor, row: Row, seeds: list[int]) -> list[Future]:
-    """One run per seed; the first seed's also records the device timeline (for the plots)."""
-    return [ex.submit(_run, row.cfg.model_dump(mode="json"), s, s == seeds[0]) for s in seeds]
+def _submit(ex: ProcessPoolExecutor, row: Row, seeds: list[int], seen: dict[str, list[Future]]) -> list[Future]:
+    """One run per seed; the first seed's also records the device timeline (for the plots). A row
+    whose configuration an earlier row already has (e.g. tuned = as configured) reuses its runs."""
+    data = row.cfg.model_dump(mode="json")
+    key = json.dumps({k: v for k, v in data.items() if k != "name"}, sort_keys=True)
+    if key not in seen:
+        seen[key] = [ex.submit(_run, data, s, s == seeds[0]) for s in seeds]
+    return seen[key]
 
 
 def _run(data: dict, seed: int, timeline: bool) -> dict:
@@ -91,22 +96,23 @@ def compare(cfg: ScenarioConfig, seeds: list[int], jobs: int = 2, log=print) -> 
     """Run every row on `seeds` (module docstring). `log`: progress lines."""
     rows: list[Row] = []
     futs: dict[str, list[Future]] = {}
+    seen: dict[str, list[Future]] = {}
     with ProcessPoolExecutor(jobs) as ex:
         pearl = Row("pearl", _policy(cfg, "pearl"))
-        futs["pearl"] = _submit(ex, pearl, seeds)
+        futs["pearl"] = _submit(ex, pearl, seeds, seen)
         rows.append(pearl)
         for name, c in _as_configured(cfg).items():
             rows.append(Row(name, c, "as configured"))
-            futs[name] = _submit(ex, rows[-1], seeds)
+            futs[name] = _submit(ex, rows[-1], seeds, seen)
         for name, over in ABLATIONS.items():
             over = {**over, "tps": [cfg.engine.tp]} if "tps" in over else over
             rows.append(Row(name, _policy(cfg, "pearl", **over)))
-            futs[name] = _submit(ex, rows[-1], seeds)
+            futs[name] = _submit(ex, rows[-1], seeds, seen)
         for p in BASELINES:
             t = tune(cfg, p, extra={"policy": {"name": p}}, pool=ex)
             log(f"tuned {p}: {t.knobs.label()} (best of {len(t.trials)} short runs)")
             rows.append(Row(f"{p} tuned", t.cfg, t.knobs.label()))
-            futs[rows[-1].name] = _submit(ex, rows[-1], seeds)
+            futs[rows[-1].name] = _submit(ex, rows[-1], seeds, seen)
         pearl.runs = [f.result() for f in futs["pearl"]]
         budget = bound_budget(cfg, pearl.runs)
         t = tune(cfg, "bound", cands=bound_candidates(cfg, budget), pool=ex,
@@ -114,7 +120,7 @@ def compare(cfg: ScenarioConfig, seeds: list[int], jobs: int = 2, log=print) -> 
         n = t.cfg.cluster.rollout_devices
         log(f"bound: budget {budget:.2f} devices -> {n} rollout devices, {t.knobs.label()}")
         rows.append(Row("bound", t.cfg, f"{budget:.1f} devices: {n} x {t.knobs.label()}"))
-        futs["bound"] = _submit(ex, rows[-1], seeds)
+        futs["bound"] = _submit(ex, rows[-1], seeds, seen)
         for r in rows:
             if not r.runs:
                 r.runs = [f.result() for f in futs[r.name]]
