@@ -33,7 +33,7 @@ LAYERS: list[tuple[str, list[str]]] = [
     ("engines", ["pearl.engine", "pearl.engine.emulated", "pearl.real.*"]),
     ("control", ["pearl.control.*"]),  # predictor, selector, planner, switching, borrowing, refit, ...
     ("rl", ["pearl.rl.*", "pearl.envs.*"]),
-    ("runtimes", ["pearl.runtime.*", "pearl.report"]),  # pearl.report reads the runtimes' files (trace.py)
+    ("runtimes", ["pearl.runtime.*", "pearl.report", "pearl.compare_plots"]),  # pearl.report reads the runtimes' files (trace.py)
     ("cli", ["pearl.cli", "pearl"]),  # "pearl" is the top package's __init__
 ]
 

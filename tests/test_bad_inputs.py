@@ -106,6 +106,10 @@ CASES: list[tuple[str, str, str | bytes, tuple[str, ...]]] = [
      ("'workload.schedule.0.response' = -1", "greater than 0")),
     ("schedule-step-float", "sim", "workload: {schedule: [{step: 1.5}]}\n",
      ("'workload.schedule.0.step' = 1.5", "valid integer")),
+    ("elastic-cold-start-negative", "sim", "cluster: {elastic: {cold_start_s: -1}}\n",
+     ("'cluster.elastic.cold_start_s' = -1", "greater than or equal to 0")),
+    ("compare-missing-file", "cli", "compare nope.yaml", ("nope.yaml: file not found",)),
+    ("compare-seeds-zero", "cli", "compare s.yaml --seeds 0", ("'--seeds'", "0 is out of range")),
     # ---- pearl train
     ("train-empty-file", "train", "", ("t.yaml: the file is empty",)),
     ("train-group-size-1", "train", "group_size: 1\n", ("group_size 1", "allow_single_sample")),

@@ -249,6 +249,20 @@ def report(
 
 
 @app.command()
+def compare(
+    scenario: Path = typer.Argument(..., help="Scenario YAML (see scenarios/)."),
+    seeds: int = typer.Option(3, parser=_int_in(1, 1000), help="Seeds to run: the scenario's seed and the next ones."),
+    output: Path = typer.Option(Path("runs/compare"), "--out", help="Directory for results.json and the PNGs."),
+    jobs: int = typer.Option(2, parser=_int_in(1, 256), help="Simulations run in parallel (processes)."),
+    duration: Optional[float] = typer.Option(None, parser=_float_in(0, MAX_DURATION_S), help="Override duration_s."),
+) -> None:
+    """Every policy (baselines as configured and tuned, pearl, bound, ablations) on the same seeds: table + PNGs."""
+    from pearl.runtime.compare_cli import run_compare
+
+    run_compare(scenario, seeds, output, jobs, duration, lambda s: out.print(s, soft_wrap=True, markup=False, highlight=False))
+
+
+@app.command()
 def profile(
     model: str = typer.Option("tiny", help="A runnable model: tiny, smollm2-135m."),
     output: Path = typer.Option(Path("runs/profile.json"), "--out", help="Where to save the profile (JSON)."),

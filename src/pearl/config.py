@@ -140,6 +140,7 @@ class ElasticConfig(Frozen):
     notice_probability: float = Field(default=0.7, ge=0, le=1)  # else abrupt loss
     max_devices: int = Field(default=16, ge=0, le=MAX_DEVICES)
     start_s: float = Field(default=0.0, ge=0, le=MAX_DURATION_S)
+    cold_start_s: float = Field(default=30.0, ge=0, le=MAX_DURATION_S)  # process start + warm-up (+ weight pull)
     csv: str | None = None
 
     @model_validator(mode="after")
@@ -314,7 +315,6 @@ class ScenarioConfig(Frozen):
         if b > MAX_BATCH:
             raise ValueError(f"rl.prompts_per_batch x rl.group_size = {b} trajectories per batch; the most is {MAX_BATCH}")
         return self
-
 
 # ---------------------------------------------------------------- loading
 T = TypeVar("T", bound=BaseModel)

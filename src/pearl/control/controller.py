@@ -54,6 +54,7 @@ class ControlSetting:
     devices_per_node: int
     num_kv_heads: int
     train_devices: tuple[int, ...] = ()
+    cold_start_s: float = 0.0  # a worker's first start on an elastic device (process, weight pull, warm-up)
 
 
 def _valid(shape: LayoutShape) -> bool:
@@ -133,7 +134,7 @@ class Controller:
     def _usable_free(self, obs: Observation) -> list[DeviceView]:
         return [DeviceView(d.id, d.pool, d.node, d.pool is not Pool.ROLLOUT) for d in obs.devices
                 if d.status is DeviceStatus.FREE and d.notice_at is None
-                and (d.pool is not Pool.ELASTIC or self.cfg.elastic)]
+                and (d.pool is not Pool.ELASTIC or (self.cfg.elastic and self.absorbs_elastic))]
 
     @staticmethod
     def _workers(obs: Observation) -> list[WorkerView]:
@@ -218,7 +219,10 @@ class Controller:
         plan_fn = plan_transition if self.cfg.incremental else plan_full_restart
         try:
             nodes = {d.id: d.node for d in obs.devices}
-            plan = plan_fn(workers, free, best_shape, self.costs, device_nodes=nodes)
+            costs = self.costs  # a start on an elastic device is priced as a cold start
+            if any(d.pool is Pool.ELASTIC for d in free):
+                costs = replace(costs, start_s=max(costs.start_s, self.setting.cold_start_s))
+            plan = plan_fn(workers, free, best_shape, costs, device_nodes=nodes)
         except ValueError as e:
             return self._effects(obs, why, ranked, cur, cur_s, None, f"infeasible: {e}")
         window = self._window(obs, free)
@@ -233,8 +237,9 @@ class Controller:
 
     def _rank(self, n_devices: int, tps: list[int], cur: LayoutShape) -> list[tuple[LayoutShape, Prediction]]:
         """Every candidate shape, best first, by the predictions as corrected by measurements."""
-        s, tp0 = self.setting, (tps[0] if len(tps) == 1 else cur.tp)
-        only = None if self.adapt_pd and n_devices >= 2 * min(tps) else [LayoutShape.colocated(n_devices // tp0, tp0)]
+        s = self.setting
+        pd = self.adapt_pd and self.cfg.adapt_pd  # the `adapt_pd: false` ablation: colocated, tp still chosen
+        only = None if pd and n_devices >= 2 * min(tps) else [LayoutShape.colocated(n_devices // tp, tp) for tp in tps]
         sel = select(n_devices - n_devices % min(tps), {tp: s.perf_for(tp) for tp in tps}, s.engine,
                      self.workload.stats, self.batch, current=cur if _valid(cur) else None, shapes=only,
                      devices_per_node=s.devices_per_node)

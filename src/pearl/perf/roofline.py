@@ -31,12 +31,14 @@ from dataclasses import dataclass, fields, replace
 
 import numpy as np
 
+from pearl.config import ElasticConfig
 from pearl.errors import ResourceError, UnknownNameError
 from pearl.perf.hardware import Hardware
 from pearl.perf.models import ModelShape
 
 DISK_BW = 2e9  # B/s: a local NVMe / parallel-FS read of safetensors
-COLD_START_INIT_S = 30.0  # process start, CUDA context, graph capture, allocator warm-up
+# process start, CUDA context, graph capture, allocator warm-up: one number, `cluster.elastic.cold_start_s`
+COLD_START_INIT_S = ElasticConfig.model_fields["cold_start_s"].default
 WEIGHT_SOURCES = ("peer", "nvlink", "disk")
 COMBINE_FORMS = ("max", "per_op", "sum")
 

@@ -24,6 +24,7 @@ class SimControl:
     def __init__(self, sim: Any):  # a pearl.runtime.sim.Simulator (not imported: it imports this module)
         self.sim = sim
         self.driver: ControlDriver | None = None
+        self.warm: set[int] = set()  # elastic devices that have run a worker (paid their cold start)
 
     # ------------------------------------------------------------------ set-up
     def setup(self) -> ControlDriver:
@@ -39,7 +40,8 @@ class SimControl:
             setting = ControlSetting(
                 perf_for=sim.perf_for, engine=sim.cfg.engine, stats=stats, batch_size=sim.batch_trajs,
                 staleness=sim.cfg.rl.staleness, devices_per_node=sim.cfg.cluster.devices_per_node,
-                num_kv_heads=sim.model.num_kv_heads, train_devices=tuple(sim.train_devices))
+                num_kv_heads=sim.model.num_kv_heads, train_devices=tuple(sim.train_devices),
+                cold_start_s=self.cold_start_s(sim.cfg.engine.tp))
         ctrl = make_controller(policy, setting)
         plan = getattr(ctrl, "initial_shape", None)  # a policy that plans its layout before the run
         self._initial_layout(plan(len(sim.rollout_devices)) if plan else None)
@@ -60,6 +62,11 @@ class SimControl:
                      if lay.mode is Mode.DISAGGREGATED else [Role.MIXED] * len(groups))
         for g, role in zip(groups, roles):
             sim.start_worker(g, role, load_s=0.0)
+
+    def cold_start_s(self, tp: int) -> float:
+        """A worker's first start on an elastic device: process start and warm-up
+        (`cluster.elastic.cold_start_s`) plus pulling the weights from a peer. Every policy pays it."""
+        return self.sim.cfg.cluster.elastic.cold_start_s + self.sim.perf_for(tp).weight_transfer_time("peer")
 
     # ------------------------------------------------------------------ observing
     def observe(self, tick: bool) -> Observation:
@@ -82,6 +89,10 @@ class SimControl:
     def start(self, devices: tuple[int, ...], role: Role, load_s: float) -> None:
         st = self.sim.state.devices
         if all(st[d].status is DeviceStatus.FREE and st[d].notice_at is None for d in devices):
+            cold = [d for d in devices if st[d].pool is Pool.ELASTIC and d not in self.warm]
+            if cold:  # the device has never run a worker: no process, no weights yet
+                load_s = max(load_s, self.cold_start_s(len(devices)))
+                self.warm.update(cold)
             self.sim.start_worker(devices, role, load_s=load_s)
 
     def stop(self, worker: int, migrate: bool) -> None:

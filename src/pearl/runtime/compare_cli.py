@@ -1,0 +1,26 @@
+"""`pearl compare`'s body: load the scenario, run `pearl.runtime.compare.compare`, print and write."""
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Callable
+
+from pearl.config import ScenarioConfig, load_config
+from pearl.runtime.compare import compare, format_table, headline, write
+
+__all__ = ["run_compare"]
+
+
+def run_compare(scenario: Path, seeds: int, out_dir: Path, jobs: int, duration: float | None,
+                echo: Callable[[str], None] = print) -> dict[str, float]:
+    over = {"duration_s": duration} if duration is not None else None
+    cfg = load_config(scenario, ScenarioConfig, over)
+    t0 = time.perf_counter()
+    rows = compare(cfg, [cfg.seed + i for i in range(seeds)], jobs=jobs, log=echo)
+    echo(format_table(rows))
+    h = headline(rows)
+    for p in write(rows, out_dir):
+        echo(f"saved {p}")
+    echo(f"{cfg.name}: PEARL / best tuned baseline {h['pearl_over_best_tuned']:.3f}, PEARL / bound "
+         f"{h['pearl_over_bound']:.3f} ({seeds} seeds, {time.perf_counter() - t0:.0f} s)")
+    return h

@@ -1,0 +1,101 @@
+"""Tuned baselines, the bound, the device timeline and `pearl compare`'s table."""
+from __future__ import annotations
+
+import pytest
+
+from pearl.config import ScenarioConfig, parse_config
+from pearl.runtime.compare import Row, format_table, headline
+from pearl.runtime.timeline import LABELS
+from pearl.runtime.tuning import (Knobs, bound_budget, bound_candidates, bound_devices, candidates, simulate, tune,
+                                  valid_tps)
+
+
+def small(**over) -> ScenarioConfig:
+    base = dict(name="t", seed=0, duration_s=600, model="qwen3-8b",
+                cluster=dict(hardware="h800", rollout_devices=4, train_devices=2,
+                             elastic=dict(kind="poisson", arrival_rate_per_h=20, burst=dict(kind="constant", value=2),
+                                          lifetime_s=dict(kind="lognormal", median=300, p90=600), max_devices=4)),
+                workload=dict(profile="search"), rl=dict(prompts_per_batch=4, group_size=4, staleness=1))
+    base.update(over)
+    return parse_config(base, ScenarioConfig)
+
+
+def test_candidates_cover_every_tp_and_ratio_that_fits():
+    cfg = small()
+    assert valid_tps(cfg) == [1, 2, 4, 8]  # qwen3-8b fits one device; 8 KV heads
+    fixed = candidates(cfg, "fixed")  # 4 devices: tp 8 does not fit the cluster
+    assert {k.tp for k in fixed} == {1, 2, 4} and all(k.prefill == 0 for k in fixed)
+    pd = candidates(cfg, "static-pd")
+    assert pd and all(k.prefill >= 1 and k.decode >= 1 and (k.prefill + k.decode) * k.tp == 4 for k in pd)
+    assert {(k.prefill, k.decode) for k in pd if k.tp == 1} == {(1, 3), (2, 2)}
+
+
+def test_bound_uses_the_rounded_up_budget_in_whole_workers():
+    assert bound_devices(11.6, 1) == 12 and bound_devices(11.6, 4) == 12 and bound_devices(11.6, 8) == 8
+    assert bound_devices(0.3, 2) == 2
+    cands = bound_candidates(small(), 5.5)
+    assert {(k.tp, n) for k, n in cands} == {(1, 6), (2, 6), (4, 4)}
+
+
+def test_tune_keeps_the_best_trial_and_returns_its_configuration():
+    cfg = small(cluster=dict(hardware="h800", rollout_devices=4, train_devices=2))
+    t = tune(cfg, "fixed", extra={"policy": {"name": "fixed"}}, jobs=1)
+    best_label, best_thr = t.trials[0]
+    assert best_label == t.knobs.label() and best_thr == max(x for _, x in t.trials)
+    assert len(t.trials) == len(candidates(cfg, "fixed")) + 2  # the layouts, then two caps on the best
+    assert t.cfg.engine.tp == t.knobs.tp and t.cfg.rl.max_concurrent_trajectories == t.knobs.cap
+    assert t.cfg.seed == cfg.seed and t.cfg.duration_s == cfg.duration_s  # tuned on a held-out, shorter run
+
+
+def test_timeline_accounts_for_every_device_second_and_the_budget_adds_up():
+    cfg = small(policy=dict(name="rlboost+"))
+    res = simulate(cfg, timeline=True)
+    ro = res["roles"]
+    assert {lab for *_, lab in ro["intervals"]} <= set(LABELS)
+    assert "training" in {lab for *_, lab in ro["intervals"]}
+    total = sum(b - a for _, a, b, _ in ro["intervals"])
+    assert total == pytest.approx(sum(res["device_s"].values()), rel=1e-3)
+    budget = bound_budget(cfg, [res])
+    assert cfg.cluster.rollout_devices <= budget <= cfg.cluster.rollout_devices + cfg.cluster.train_devices + 4
+
+
+def fake_row(name: str, thr: list[float]) -> Row:
+    runs = [{"throughput": {"trajectories_per_s": x, "tokens_per_s": 100 * x}, "trainer": {"wait_for_devices_s": 0.0},
+             "reconfiguration": {"switches": 1}, "utilisation": {"by_pool": {}}} for x in thr]
+    return Row(name, small(), runs=runs)
+
+
+def test_table_ratios_and_headline():
+    rows = [fake_row("fixed", [1.0, 1.0]), fake_row("fixed tuned", [2.0, 2.0]), fake_row("rlboost+ tuned", [1.5, 2.5]),
+            fake_row("pearl", [1.8, 2.2]), fake_row("bound", [4.0, 4.0])]
+    text = format_table(rows)
+    assert "| pearl | 2.000 ± 0.283 |" in text
+    assert text.splitlines()[0].startswith("| policy | traj/s | tokens/s | /fixed | /rlboost+ tuned | /bound |")
+    h = headline(rows)
+    assert h["pearl_over_best_tuned"] == pytest.approx(1.0) and h["pearl_over_bound"] == pytest.approx(0.5)
+
+
+def test_knobs_become_a_valid_scenario():
+    from pearl.runtime.tuning import configure
+
+    c = configure(small(), Knobs(2, 16, 1, 1).overrides())
+    assert c.layout.mode.value == "disaggregated" and c.engine.tp == 2 and c.rl.max_concurrent_trajectories == 16
+
+
+@pytest.mark.slow
+def test_pearl_compare_writes_the_table_and_the_pngs(tmp_path, capsys):
+    import yaml
+
+    from pearl.cli import main
+
+    s = tmp_path / "s.yaml"
+    s.write_text(yaml.safe_dump(small().model_dump(mode="json")))
+    with pytest.raises(SystemExit) as e:
+        main(["compare", str(s), "--seeds", "2", "--out", str(tmp_path / "out"), "--duration", "600"])
+    assert e.value.code == 0
+    text = capsys.readouterr().out
+    for row in ("| fixed tuned |", "| static-pd tuned |", "| rlboost+ tuned |", "| roll-partial tuned |", "| pearl |",
+                "| bound |", "| pearl tp pinned |", "PEARL / best tuned baseline"):
+        assert row in text
+    for png in ("throughput.png", "timeline.png", "utilisation.png"):
+        assert (tmp_path / "out" / png).stat().st_size > 10_000
