@@ -128,7 +128,6 @@ class WorkloadConfig(Frozen):
     schedule: Schedule | None = None  # non-stationary: multipliers over training steps (config_schedule)
 
 
-# ---------------------------------------------------------------- cluster, engines, layout
 class ElasticConfig(Frozen):
     """External devices: none, Poisson bursts, spot node slots, a constant pool, or a CSV trace (runtime.elastic)."""
 

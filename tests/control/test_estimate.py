@@ -69,23 +69,24 @@ def _controller():
     return Controller(policy, setting)
 
 
-def _obs(t: float, finished, count: int) -> Observation:
+def _obs(t: float, finished, count: int, shape: LayoutShape = LayoutShape.colocated(4, 2)) -> Observation:
     devs = tuple(DeviceObs(i, Pool.ROLLOUT, 0, DeviceStatus.SERVING) for i in range(8))
-    workers = tuple(WorkerObs(w, tuple(range(4 * w, 4 * w + 4)), Role.MIXED, WorkerPhase.SERVING, True, 10, 0)
-                    for w in range(2))
-    return Observation(t, devs, workers, LayoutShape.colocated(2, 4), TrainerObs(False, 0, 64),
+    tp = shape.tp
+    workers = tuple(WorkerObs(w, tuple(range(tp * w, tp * w + tp)), role, WorkerPhase.SERVING, True, 10, 0)
+                    for w, role in enumerate(shape.roles()))
+    return Observation(t, devs, workers, shape, TrainerObs(False, 0, 64),
                        finished=tuple(finished), finished_count=count)
 
 
 def test_a_workload_shift_changes_the_prediction_and_the_layout():
-    """Short game-like turns: two colocated tp4 workers are best. Observations grow to web pages of
-    ~4k tokens: prefill dominates, the prediction of the current layout rises and the controller
-    moves to a disaggregated layout."""
+    """Short game-like turns: four colocated tp2 workers are best (on the grounded perf model). The
+    trajectories turn into long swe sessions (many turns, large contexts): prefill dominates, the
+    prediction of the current layout rises and the controller moves to a disaggregated layout."""
     ctl = _controller()
     game = _specs("game", 256)
     d0 = ctl.on_tick(_obs(30.0, game, 256)).decisions[0]
-    assert d0.rule == "keep" and d0.candidates[0][0] == "colocated×2@tp4"
-    heavy = _specs("web", 256, start=256, observation_tokens=Dist(kind="lognormal", median=4000, p90=8000))
+    assert d0.rule == "keep" and d0.candidates[0][0] == "colocated×4@tp2"
+    heavy = _specs("swe", 256, start=256)
     switched, preds = None, [d0.current_pred_s]
     for k in range(1, 6):
         eff = ctl.on_tick(_obs(30.0 + 30 * k, heavy, 256 * 2))

@@ -45,9 +45,8 @@ class ControlSetting:
 
     perf_for: Callable[[int], PerfModel]  # the worker model at a tp (raises ResourceError if it does not fit)
     engine: EngineConfig
-    # The workload prior: statistics measured before the run (e.g. `pearl train`'s environment probe),
-    # or None for the declared prior `policy.controller.estimate`. Never the true distribution: the
-    # controller learns it from the trajectories it sees finish (`control.estimate`).
+    # The workload known before the run (`pearl train`'s environment probe; plan-static's declared workload),
+    # or None: the prior `policy.controller.estimate`. PEARL learns it from what finishes (`control.estimate`).
     stats: WorkloadStats | None
     batch_size: int  # trajectories per training batch
     staleness: int  # η
