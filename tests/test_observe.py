@@ -194,7 +194,7 @@ def test_sim_trace_of_a_real_simulation_lends_and_does_not_overlap():
     from pearl.runtime.sim import Simulator
 
     cfg = load_config(ROOT / "scenarios/s3-math-tool-qwen3-30b-a3b.yaml", ScenarioConfig,
-                      {"duration_s": 400, "policy": {"name": "pearl"}})
+                      {"duration_s": 1200, "policy": {"name": "pearl"}})
     sim = Simulator(cfg)
     sim.run()
     doc = json.loads(json.dumps(sim_trace(sim)))
@@ -202,7 +202,7 @@ def test_sim_trace_of_a_real_simulation_lends_and_does_not_overlap():
     rows = dict(timeline_rows(doc))
     assert len(rows) == 32 and any(lent for _, _, _, lent in rows["device 16"])
     evs = doc["traceEvents"]
-    assert sum(e["ph"] == "X" and e["cat"] == "train" for e in evs) == len([s for s in sim.steps if s["t_start"] <= 400])
+    assert sum(e["ph"] == "X" and e["cat"] == "train" for e in evs) == len([s for s in sim.steps if s["t_start"] <= 1200])
     assert sum(e["ph"] == "i" and "rule" in e.get("args", {}) for e in evs) == len(sim.driver.decisions)
 
 
