@@ -117,7 +117,7 @@ def test_the_simulated_controller_is_not_handed_the_workload_and_learns_it():
                             workload=dict(profile="game"), rl=dict(prompts_per_batch=8, group_size=4, staleness=1),
                             policy=dict(name="pearl", decision_interval_s=10)), ScenarioConfig)
     sim = Simulator(cfg)
-    sim.run()
+    res = sim.run()
     ctl = sim.driver.controller
     assert ctl.setting.stats is None  # no distribution sampled from the scenario's workload
     est = ctl.workload
@@ -125,3 +125,7 @@ def test_the_simulated_controller_is_not_handed_the_workload_and_learns_it():
     truth = Workload(cfg.workload, cfg.seed).means()["response_tokens"]
     assert est.stats.mean("response_tokens") == pytest.approx(truth, rel=0.25)  # the game's, not the prior's 500
     assert abs(est.prior.mean("response_tokens") - truth) > 2 * abs(est.stats.mean("response_tokens") - truth)
+    # every layout decision shows what the controller believed when it decided
+    last = [d for d in res["decisions"] if d["kind"] == "layout"][-1]["estimate"]
+    assert 0 < last["trajectories"] <= est.used
+    assert last["response_tokens"] == pytest.approx(truth, rel=0.25)
