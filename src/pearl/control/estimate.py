@@ -63,6 +63,7 @@ class WorkloadEstimator:
         self.pending = 0  # observed since the last rebuild
         self.version = 0  # bumped on every rebuild of `stats`
         self.used = 0  # observed trajectories `stats` was built from
+        self._summary: tuple[int, dict] = (-1, {})  # (version, summary)
         self.stats = self.prior
 
     def observe(self, finished: Iterable[TrajectorySpec], count: int) -> bool:
@@ -84,12 +85,15 @@ class WorkloadEstimator:
         return True
 
     def summary(self) -> dict[str, float]:
-        """Means of the current estimate (what a decision record shows)."""
-        s = self.stats
-        return {"trajectories": self.used, "turns": round(s.mean("turns"), 2),
+        """Means of the current estimate (what a decision record shows; computed once per rebuild)."""
+        if self._summary[0] != self.version:
+            s = self.stats
+            self._summary = (self.version, {
+                "trajectories": self.used, "turns": round(s.mean("turns"), 2),
                 "response_tokens": round(s.mean("response_tokens"), 1),
                 "observation_tokens": round(s.mean("observation_tokens"), 1),
-                "env_latency_s": round(s.mean("env_latency_s"), 3)}
+                "env_latency_s": round(s.mean("env_latency_s"), 3)})
+        return dict(self._summary[1])
 
 
 class LifetimeEstimator:
