@@ -110,3 +110,23 @@ def test_the_real_runtime_reports_a_finished_episode_as_it_ran():
     t.append_model([2] * 4, [0.0] * 4, 0)
     spec = _as_spec(Episode(t, None, Group(0, 1, 0), 0, env_s=[0.5, 0.25]), 9)
     assert (spec.prompt_tokens, spec.responses, spec.observations, spec.env_latency) == (7, (3, 4), (5,), (0.5, 0.25))
+
+
+def test_the_simulated_controller_is_not_handed_the_workload_and_learns_it():
+    cfg = parse_config(dict(name="learn", seed=1, duration_s=120, model="qwen3-8b",
+                            cluster=dict(hardware="h800", rollout_devices=4, train_devices=4),
+                            workload=dict(profile="game"), rl=dict(prompts_per_batch=8, group_size=4, staleness=1),
+                            policy=dict(name="pearl", decision_interval_s=10)), ScenarioConfig)
+    sim = Simulator(cfg)
+    res = sim.run()
+    ctl = sim.driver.controller
+    assert ctl.setting.stats is None  # no distribution sampled from the scenario's workload
+    est = ctl.workload
+    assert est.version > 0 and 0 < est.seen <= sim.finished_count and len(est.window) == est.seen
+    truth = Workload(cfg.workload, cfg.seed).means()["response_tokens"]
+    assert est.stats.mean("response_tokens") == pytest.approx(truth, rel=0.25)  # the game's, not the prior's 500
+    assert abs(est.prior.mean("response_tokens") - truth) > 2 * abs(est.stats.mean("response_tokens") - truth)
+    # every layout decision shows what the controller believed when it decided
+    last = [d for d in res["decisions"] if d["kind"] == "layout"][-1]["estimate"]
+    assert 0 < last["trajectories"] <= est.used
+    assert last["response_tokens"] == pytest.approx(truth, rel=0.25)

@@ -306,7 +306,7 @@ class Controller:
             chosen_pred_s=best_pred.completion_s if best_pred else None,
             plan=None if plan is None else dict(starts=plan.n_starts, stops=plan.n_stops, flips=plan.n_flips,
                                                 migrated=plan.n_migrated, makespan_s=round(plan.makespan_s, 3)),
-            gain_s=gain, cost_s=cost)
+            gain_s=gain, cost_s=cost, estimate=self.workload.summary())
         return Effects(decisions=[d])
 
     @staticmethod

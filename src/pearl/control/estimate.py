@@ -62,6 +62,8 @@ class WorkloadEstimator:
         self.seen = 0  # finished trajectories consumed (the runtime's counter)
         self.pending = 0  # observed since the last rebuild
         self.version = 0  # bumped on every rebuild of `stats`
+        self.used = 0  # observed trajectories `stats` was built from
+        self._summary: tuple[int, dict] = (-1, {})  # (version, summary)
         self.stats = self.prior
 
     def observe(self, finished: Iterable[TrajectorySpec], count: int) -> bool:
@@ -79,16 +81,19 @@ class WorkloadEstimator:
             return False
         w = round(self.cfg.prior_weight * max(0.0, 1.0 - n / self.cfg.window))
         self.stats = WorkloadStats.from_samples(self.window, self.prior, w)
-        self.pending, self.version = 0, self.version + 1
+        self.pending, self.version, self.used = 0, self.version + 1, n
         return True
 
     def summary(self) -> dict[str, float]:
-        """Means of the current estimate (what a decision record shows)."""
-        s = self.stats
-        return {"trajectories": len(self.window), "turns": round(s.mean("turns"), 2),
+        """Means of the current estimate (what a decision record shows; computed once per rebuild)."""
+        if self._summary[0] != self.version:
+            s = self.stats
+            self._summary = (self.version, {
+                "trajectories": self.used, "turns": round(s.mean("turns"), 2),
                 "response_tokens": round(s.mean("response_tokens"), 1),
                 "observation_tokens": round(s.mean("observation_tokens"), 1),
-                "env_latency_s": round(s.mean("env_latency_s"), 3)}
+                "env_latency_s": round(s.mean("env_latency_s"), 3)})
+        return dict(self._summary[1])
 
 
 class LifetimeEstimator:

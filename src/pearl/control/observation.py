@@ -183,6 +183,7 @@ class Decision:
     gain_s: float | None = None
     cost_s: float | None = None
     borrow: bool | None = None
+    estimate: dict[str, float] | None = None  # the workload the controller estimated when it decided
 
     def to_dict(self) -> dict[str, Any]:
         d: dict[str, Any] = {"t": round(self.t, 3), "trigger": self.trigger, "kind": self.kind,
@@ -194,6 +195,8 @@ class Decision:
         d.update(current=self.current, current_pred_s=_r(self.current_pred_s),
                  candidates=[list(c) for c in self.candidates], chosen=self.chosen,
                  chosen_pred_s=_r(self.chosen_pred_s), plan=self.plan)
+        if self.estimate is not None:
+            d["estimate"] = self.estimate
         return d
 
 

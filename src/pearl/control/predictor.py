@@ -18,8 +18,10 @@ segments at the sorted T_i; within one the alive set is fixed and, per decode-ca
   worker and hands the new KV back (`kv_transfer_time`, same-node share from the device order);
 - the prefill queue (prefill workers, or a mixed worker's chunk budget) is a closed network with
   think time Z (Schweitzer's MVA), so saturation throttles the turns instead of diverging;
-- KV: every alive session holds KV; decoders beyond capacity shrink the batch and wait, idle sessions
-  beyond it are evicted (the next turn recomputes, or re-sends, the whole context);
+- KV: every alive session holds KV (disaggregated: not while it waits in the prefill queue, its
+  context fetched already); decoders beyond capacity shrink the batch and wait, idle sessions beyond
+  it are evicted: the next turn recomputes the whole context in the prefill queue (a mixed worker's
+  chunks, or a prefill worker's queue unless that worker's own KV still holds it: then it is re-sent);
 - the tail: late segments hold few trajectories, so the longest finish at low concurrency.
 A trajectory decodes a steady share of its life, so its tokens see the harmonic mean τ_h of the step
 time over [0, T_i]. Its mates are a random draw fixed for life; linearised, they spread T_i by σ_i.
