@@ -30,9 +30,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--pool", action="append", type=int)
     ap.add_argument("--availability", action="append", choices=["none", "spot", "constant"])
     ap.add_argument("--seeds", type=int, default=3)
-    ap.add_argument("--duration", type=float, default=3600.0)
+    ap.add_argument("--duration", type=float, help="virtual seconds (default: 3600, swe 14400)")
     a = ap.parse_args(argv)
-    got = smoke_cells(a.duration) if a.smoke else cells(a.model, a.workload, a.pool, a.availability, a.cluster,
+    got = smoke_cells(a.duration or 600.0) if a.smoke else cells(a.model, a.workload, a.pool, a.availability, a.cluster,
                                                           range(a.seeds), a.duration)
     if not got:
         print("no cell matches the filters", file=sys.stderr)
@@ -40,7 +40,7 @@ def main(argv: list[str] | None = None) -> int:
     if a.out:
         a.out.mkdir(parents=True, exist_ok=True)
         for c in got:
-            d = scenario_dict(c.model, c.cluster, c.pool, c.availability, c.workload, c.seed, a.duration)
+            d = scenario_dict(c.model, c.cluster, c.pool, c.availability, c.workload, c.seed, c.config.duration_s)
             (a.out / f"{c.key}-s{c.seed}.yaml").write_text(yaml.safe_dump(d, sort_keys=False))
         print(f"wrote {len(got)} scenarios to {a.out}")
     if a.list or not a.out:

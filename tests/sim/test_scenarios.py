@@ -151,6 +151,8 @@ def test_the_matrix_lists_every_cell_once():
     assert {c.pool for c in cs if c.model == "qwen3-8b"} == {0, 8, 16, 32}
     assert {c.config.engine.tp for c in cs if c.model == "qwen3-30b-a3b"} == {2}
     assert len(cells(models=["qwen3-8b"], workloads=["web"], pools=[16], seeds=[0])) == 4 * 2
+    assert {c.config.duration_s for c in cs if c.workload == "swe"} == {4 * 3600.0}  # enough swe steps
+    assert {c.config.duration_s for c in cs if c.workload != "swe"} == {3600.0}
 
 
 def test_the_bottleneck_check_marks_trainer_bound_cells():
@@ -187,7 +189,7 @@ def test_the_generator_writes_loadable_scenarios(tmp_path):
     assert e.value.code == 0
     files = sorted(tmp_path.glob("*.yaml"))
     assert [f.name for f in files] == sorted(f"{c.key}-s0.yaml" for c in smoke_cells())
-    for f, c in zip(files, sorted(smoke_cells(3600.0), key=lambda c: f"{c.key}-s0.yaml")):
+    for f, c in zip(files, sorted(smoke_cells(), key=lambda c: f"{c.key}-s0.yaml")):
         assert load_config(f, ScenarioConfig) == c.config
 
 

@@ -32,6 +32,10 @@ WORKLOAD_NAMES = ("swe", "search", "game", "math-tool", "web")
 SEEDS = (0, 1, 2)
 AVAILABILITY = ("spot", "constant")
 HARDWARE = "h800"
+# Virtual seconds per workload when the caller gives none: swe's rollout takes ~0.4-1.6 h per step on
+# the small clusters, so an hour would hold one or two steps (measured: 0-2 in 900 s).
+DURATION_S = {"swe": 4 * 3600.0}
+DEFAULT_DURATION_S = 3600.0
 
 
 @dataclass(frozen=True)
@@ -90,8 +94,9 @@ class Cell:
 
 
 def scenario_dict(model: str, cl: Cluster, pool: int, availability: str, workload: str, seed: int = 0,
-                  duration_s: float = 3600.0) -> dict[str, Any]:
-    """The scenario as the mapping a YAML file holds."""
+                  duration_s: float | None = None) -> dict[str, Any]:
+    """The scenario as the mapping a YAML file holds (`duration_s` None: the workload's default)."""
+    duration_s = duration_s or DURATION_S.get(workload, DEFAULT_DURATION_S)
     tag = "p0" if pool == 0 else f"{availability}{pool}"
     return {
         "name": f"paper-{model}-{cl.tag}-{tag}-{workload}", "seed": seed, "model": model, "duration_s": duration_s,
@@ -105,7 +110,7 @@ def scenario_dict(model: str, cl: Cluster, pool: int, availability: str, workloa
 def cells(models: Iterable[str] | None = None, workloads: Iterable[str] | None = None,
           pools: Iterable[int] | None = None, availability: Iterable[str] | None = None,
           clusters: Iterable[str] | None = None, seeds: Iterable[int] = SEEDS,
-          duration_s: float = 3600.0) -> list[Cell]:
+          duration_s: float | None = None) -> list[Cell]:
     """Every cell of the matrix, optionally filtered (`clusters` by tag, e.g. "8r8t"; `availability`
     among "none", "spot", "constant"), in a stable order."""
     ms, ws = list(models or MODEL_TP), list(workloads or WORKLOAD_NAMES)
