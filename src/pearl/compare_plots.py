@@ -1,8 +1,8 @@
 """The PNGs of `pearl compare` (matplotlib, Agg canvas): what `pearl.runtime.compare` measured.
 
 - `throughput.png`: trained trajectories/s over virtual time (per training step, smoothed over 5
-  steps), first seed, for the tuned baselines, PEARL and the bound; a bar panel with every row's
-  mean ± std over seeds.
+  steps), first seed, for the tuned baselines, PEARL and the bound (the side of its time-share with
+  the larger share); a bar panel with every row's mean ± std over seeds.
 - `timeline.png`: device x time, coloured by what each device did (`pearl.runtime.timeline.LABELS`),
   for PEARL, the best tuned baseline and the bound (first seed).
 - `utilisation.png`: busy share of each pool's available device-seconds, per row (first seed).
@@ -42,7 +42,8 @@ def plot_throughput(rows: list[Any], path: Path) -> Path:
     for r in rows:
         if r.name in MAIN and r.runs:
             t, y = _series(r.runs[0])
-            ax.plot([x / 60 for x in t], y, label=r.name, lw=2.2 if r.name in ("pearl", "bound") else 1.3,
+            name = "bound (its larger-share side)" if r.name == "bound" else r.name
+            ax.plot([x / 60 for x in t], y, label=name, lw=2.2 if r.name in ("pearl", "bound") else 1.3,
                     ls="--" if r.name == "bound" else "-")
     ax.set_xlabel("virtual time (min)")
     ax.set_ylabel("trained trajectories/s (5-step mean)")

@@ -6,7 +6,7 @@ import pytest
 from pearl.config import ScenarioConfig, parse_config
 from pearl.runtime.compare import Row, format_table, headline
 from pearl.runtime.timeline import LABELS
-from pearl.runtime.tuning import (Knobs, bound_budget, bound_candidates, bound_devices, candidates, simulate, tune,
+from pearl.runtime.tuning import (Knobs, bound_budget, bound_candidates, bound_split, candidates, simulate, tune,
                                   valid_tps)
 
 
@@ -30,11 +30,13 @@ def test_candidates_cover_every_tp_and_ratio_that_fits():
     assert {(k.prefill, k.decode) for k in pd if k.tp == 1} == {(1, 3), (2, 2)}
 
 
-def test_bound_uses_the_rounded_up_budget_in_whole_workers():
-    assert bound_devices(11.6, 1) == 12 and bound_devices(11.6, 4) == 12 and bound_devices(11.6, 8) == 8
-    assert bound_devices(0.3, 2) == 2
+def test_bound_time_shares_the_whole_worker_layouts_around_the_budget():
+    assert bound_split(11.5, 1) == (11, 12, pytest.approx(0.5))
+    assert bound_split(11.6, 4) == (8, 12, pytest.approx(0.9))
+    assert bound_split(12.0, 4) == (12, 16, 0.0)
+    assert bound_split(3.0, 8) == (0, 8, pytest.approx(0.375))  # below one worker: nothing runs part of the time
     cands = bound_candidates(small(), 5.5)
-    assert {(k.tp, n) for k, n in cands} == {(1, 6), (2, 6), (4, 4)}
+    assert {(k.tp, n) for k, n in cands} == {(1, 5), (1, 6), (2, 4), (2, 6), (4, 4), (4, 8), (8, 8)}
 
 
 def test_tune_keeps_the_best_trial_and_returns_its_configuration():

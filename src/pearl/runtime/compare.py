@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from pearl.config import ScenarioConfig, deep_merge, parse_config
-from pearl.runtime.tuning import bound_budget, bound_candidates, configure, simulate, tune
+from pearl.runtime.tuning import bound_budget, configure, simulate, tune, tune_bound
 from pearl.types import Mode
 
 __all__ = ["ABLATIONS", "Row", "compare", "format_table"]
@@ -115,18 +115,25 @@ def compare(cfg: ScenarioConfig, seeds: list[int], jobs: int = 2, log=print) -> 
             futs[rows[-1].name] = _submit(ex, rows[-1], seeds, seen)
         pearl.runs = [f.result() for f in futs["pearl"]]
         budget = bound_budget(cfg, pearl.runs)
-        t = tune(cfg, "bound", cands=bound_candidates(cfg, budget), pool=ex,
-                 extra={"policy": {"name": "fixed"}, "cluster": {"elastic": {"kind": "none"}}})
-        n = t.cfg.cluster.rollout_devices
-        log(f"bound: budget {budget:.2f} devices -> {n} rollout devices, {t.knobs.label()}")
-        rows.append(Row("bound", t.cfg, f"{budget:.1f} devices: {n} x {t.knobs.label()}"))
-        futs["bound"] = _submit(ex, rows[-1], seeds, seen)
+        b = tune_bound(cfg, budget, pool=ex)
+        log(f"bound: budget {budget:.2f} devices: {b.label}")
+        sides = [(_submit(ex, Row("bound", c), seeds, seen), w) for c, w in b.sides]
         for r in rows:
             if not r.runs:
                 r.runs = [f.result() for f in futs[r.name]]
+        rows.append(Row("bound", b.sides[-1][0], f"budget {budget:.1f} devices: {b.label}"))
+        rows[-1].runs = [_mix([(f[i].result(), w) for f, w in sides]) for i in range(len(seeds))]
     order = ["fixed", "fixed tuned", "static-pd", "static-pd tuned", "rlboost+", "rlboost+ tuned", "roll-partial",
              "roll-partial tuned", "pearl", "bound", *ABLATIONS]
     return sorted(rows, key=lambda r: order.index(r.name))
+
+
+def _mix(runs: list[tuple[dict, float]]) -> dict:
+    """A time-share of runs (the bound): throughputs weighted by their shares; the rest (timeline,
+    utilisation, steps) from the run with the largest share."""
+    out = dict(max(runs, key=lambda x: x[1])[0])
+    out["throughput"] = {k: sum(r["throughput"][k] * w for r, w in runs) for k in ("trajectories_per_s", "tokens_per_s")}
+    return out
 
 
 def _avg_devices(run: dict, pools: tuple[str, ...], labels: tuple[str, ...]) -> float:

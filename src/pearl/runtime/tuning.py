@@ -11,10 +11,11 @@ PEARL's own model, and a baseline tuned by it would inherit its errors.
 `bound` (docs/policies.md): the best static configuration for the time-averaged device budget
 with free switching. The budget is the rollout devices, plus the elastic devices present on average,
 plus the trainer's devices times the share of time the trainer is idle (all measured in PEARL's run
-of the same scenario and seeds). The bound cluster has ⌈budget⌉ rollout devices (a layout at tp uses
-⌊⌈budget⌉ / tp⌋ workers), no spot pool and no borrowing (the trainer keeps its own devices:
-generous), and the layout is the best of every colocated tp, every P:D ratio and every cap, tuned
-as above.
+of the same scenario and seeds). Workers come whole, so at a tp the budget lies between two
+clusters of whole workers (`bound_split`); with free switching the bound time-shares them so that
+the average is the budget, and its throughput is the share-weighted mean of theirs. Each side has
+no spot pool and no borrowing (the trainer keeps its own devices: generous) and the best layout of
+every colocated tp, P:D ratio and cap, tuned as above; the tp with the best time-share wins.
 """
 from __future__ import annotations
 
@@ -29,8 +30,8 @@ from pearl.perf.hardware import get_hardware
 from pearl.perf.models import get_model
 from pearl.perf.roofline import PerfModel
 
-__all__ = ["TUNE_SEED", "Knobs", "Tuned", "bound_budget", "bound_candidates", "bound_devices", "candidates",
-           "configure", "simulate", "tune", "valid_tps"]
+__all__ = ["TUNE_SEED", "Bound", "Knobs", "Tuned", "bound_budget", "bound_candidates", "bound_split", "candidates",
+           "configure", "simulate", "tune", "tune_bound", "valid_tps"]
 
 TUNE_SEED = 1_000_003  # the seed tuning runs use: held out from every reported seed
 TUNE_SHARE = 0.25  # a tuning run simulates this share of the scenario's duration ...
@@ -139,11 +140,54 @@ class Tuned:
 
 
 def bound_candidates(cfg: ScenarioConfig, budget: float) -> list[tuple[Knobs, int]]:
-    """Every static configuration of the bound cluster: at each tp, `bound_devices(budget, tp)`
-    rollout devices, colocated or any P:D ratio, each cap."""
-    tps = [tp for tp in valid_tps(cfg) if tp <= math.ceil(budget - 1e-9)] or valid_tps(cfg)[:1]
-    return [(k, n) for tp in tps for n in [bound_devices(budget, tp)]
+    """Every static layout the bound time-shares (module docstring): at each tp, the whole workers
+    just below and just above the budget (`bound_split`), colocated or any P:D ratio."""
+    return [(k, n) for tp in valid_tps(cfg) for n in bound_split(budget, tp)[:2] if n >= tp
             for k in candidates(cfg, "bound", n) if k.tp == tp]
+
+
+def bound_split(budget: float, tp: int) -> tuple[int, int, float]:
+    """(devices below, devices above, share of time above): whole tp-workers around `budget`, time-
+    shared so that the average is exactly `budget` (free switching makes the share free)."""
+    lo = int(math.floor(budget / tp + 1e-9)) * tp
+    share = (budget - lo) / tp
+    return lo, lo + tp, (0.0 if share < 1e-9 else share)
+
+
+@dataclass
+class Bound:
+    """The bound: `sides`, each (scenario, share of time) with a positive share, at one tp."""
+    tp: int
+    sides: list[tuple[ScenarioConfig, float]]
+    label: str
+
+
+def tune_bound(cfg: ScenarioConfig, budget: float, pool: ProcessPoolExecutor | None = None) -> Bound:
+    """The best time-share (`bound_split`) over tp, each side's layout and cap tuned like a baseline."""
+    extra = {"policy": {"name": "fixed"}, "cluster": {"elastic": {"kind": "none"}}}
+    short = min(cfg.duration_s, max(TUNE_MIN_S, TUNE_SHARE * cfg.duration_s))
+    base = {"seed": TUNE_SEED, "duration_s": short, **extra}
+    got = _trials(cfg, base, bound_candidates(cfg, budget), pool)
+    best: dict[int, tuple[str, float, tuple[Knobs, int | None]]] = {}  # devices@tp -> best trial
+    for g in got:  # sorted best first: keep the first per (tp, devices)
+        best.setdefault((g[2][0].tp, g[2][1]), g)  # type: ignore[index]
+
+    def score(tp: int) -> float:
+        lo, hi, share = bound_split(budget, tp)
+        thr = lambda n: best[(tp, n)][1] if (tp, n) in best else 0.0  # noqa: E731
+        return (1 - share) * thr(lo) + share * thr(hi)
+    tp = max({k.tp for k, _ in bound_candidates(cfg, budget)}, key=score)
+    lo, hi, share = bound_split(budget, tp)
+    sides, labels = [], []
+    for n, w in ((lo, 1 - share), (hi, share)):
+        if w <= 0 or (tp, n) not in best:  # no time there, or below one worker (nothing runs)
+            continue
+        k0 = best[(tp, n)][2][0]
+        caps = [(Knobs(k0.tp, c, k0.prefill, k0.decode), n) for c in _caps(cfg) if c is not None]
+        k, _ = sorted([best[(tp, n)]] + _trials(cfg, base, caps, pool), key=lambda x: -x[1])[0][2]
+        sides.append((configure(cfg, deep_merge(extra, k.overrides(n))), w))
+        labels.append(f"{w:.0%} of the time {n} devices {k.label()}")
+    return Bound(tp, sides, " + ".join(labels))
 
 
 def tune(cfg: ScenarioConfig, policy: str, *, devices: int | None = None, extra: dict | None = None,
@@ -193,8 +237,3 @@ def bound_budget(cfg: ScenarioConfig, results: list[dict[str, Any]]) -> float:
         idle = max(0.0, 1.0 - train_busy)
         vals.append(cfg.cluster.rollout_devices + elastic + cfg.cluster.train_devices * idle)
     return sum(vals) / len(vals) if vals else float(cfg.cluster.rollout_devices)
-
-
-def bound_devices(budget: float, tp: int) -> int:
-    """Rollout devices a bound layout at `tp` uses: whole workers within ⌈budget⌉ (at least one)."""
-    return max(tp, int(math.ceil(budget - 1e-9)) // tp * tp)
