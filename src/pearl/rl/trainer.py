@@ -17,10 +17,11 @@ It does not decide staleness (admission control does), push weights (the runtime
 """
 from __future__ import annotations
 
+import contextlib
 import copy
 import math
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Literal, Sequence
 
 import torch
 from pydantic import Field, model_validator
@@ -45,6 +46,10 @@ class TrainerConfig(Frozen):
     normalize_std: bool = True
     adv_eps: float = Field(default=1e-6, gt=0)
     pad_token_id: int = Field(default=0, ge=0)
+    # bfloat16: the forward and backward matmuls run under CPU/CUDA autocast in bf16, while the
+    # weights, gradients and AdamW state stay float32 (bf16 weights would round away lr-1e-5 updates)
+    # and the output projection and log-softmax of the scored tokens run in float32.
+    dtype: Literal["float32", "bfloat16"] = "float32"
 
     @model_validator(mode="after")
     def _check(self) -> "TrainerConfig":
@@ -92,6 +97,15 @@ def build_batch(trajectories: Sequence[Trajectory], advantages: Tensor, pad_toke
     return Batch(ids, mask, behav, versions, advantages.float(), torch.tensor(lengths))
 
 
+def _split_head(model: nn.Module) -> tuple[nn.Module, nn.Module] | None:
+    """(decoder body, output projection) of an HF causal LM (`.model` + `.lm_head`), else None."""
+    body, head = getattr(model, "model", None), getattr(model, "lm_head", None)
+    if isinstance(body, nn.Module) and isinstance(head, nn.Linear) and hasattr(getattr(model, "config", None),
+                                                                                  "use_cache"):
+        return body, head
+    return None
+
+
 def forward_logits(model: nn.Module, input_ids: Tensor) -> Tensor:
     """Logits [B, T, V] from an HF causal LM or from a module returning logits directly."""
     cfg = getattr(model, "config", None)
@@ -130,9 +144,43 @@ class GRPOTrainer:
                                         dtype=torch.long, device=self.device)
 
     # ------------------------------------------------------------ scoring
-    def logprobs(self, input_ids: Tensor, model: nn.Module | None = None) -> Tensor:
-        logits = forward_logits(model or self.model, input_ids.to(self.device))
-        return token_logprobs(logits, input_ids.to(self.device), self.allowed)
+    def autocast(self) -> Any:
+        """The precision context of the forward pass (a no-op in float32)."""
+        if self.config.dtype == "float32":
+            return contextlib.nullcontext()
+        return torch.autocast(self.device.type, dtype=torch.bfloat16)
+
+    def logprobs(self, input_ids: Tensor, model: nn.Module | None = None, mask: Tensor | None = None) -> Tensor:
+        """log p(token_t | tokens_<t) [B, T] (0 at position 0). With `mask` [B, T], only the masked
+        positions are scored (the rest are 0): for an HF causal LM the output projection and the
+        log-softmax then run over those rows only, not over the prompt's and the padding's."""
+        model = model or self.model
+        ids = input_ids.to(self.device)
+        split = _split_head(model) if mask is not None else None
+        with self.autocast():
+            if split is None:
+                return token_logprobs(forward_logits(model, ids), ids, self.allowed)
+            body, head = split
+            hidden = body(input_ids=ids, use_cache=False).last_hidden_state  # [B, T, H]
+        on = mask.to(self.device).bool()
+        on[:, 0] = False  # position 0 has no context
+        b, t = on.nonzero(as_tuple=True)
+        rows = hidden[b, t - 1].float()  # the hidden state that predicts token t
+        w, bias = head.weight, head.bias
+        if self.allowed is not None:
+            w = w[self.allowed]
+            bias = bias[self.allowed] if bias is not None else None
+        logits = torch.nn.functional.linear(rows, w.float(), None if bias is None else bias.float())
+        target = ids[b, t]
+        if self.allowed is not None:  # the target's column in the allowed sub-vocabulary (-1: not allowed)
+            col = torch.full((int(head.weight.shape[0]),), -1, dtype=torch.long, device=self.device)
+            col[self.allowed] = torch.arange(len(self.allowed), device=self.device)
+            target = col[target]
+        ok = target >= 0
+        picked = logits.gather(-1, target.clamp(min=0)[:, None])[:, 0]
+        lp = torch.where(ok, picked - torch.logsumexp(logits, dim=-1), torch.zeros_like(picked))
+        out = torch.zeros(ids.shape, dtype=lp.dtype, device=self.device)
+        return out.index_put((b, t), lp)
 
     # ------------------------------------------------------------ one update
     def step(self, trajectories: Sequence[Trajectory]) -> dict[str, Any]:
@@ -194,11 +242,11 @@ class GRPOTrainer:
             idx = work[start:start + c.micro_batch_size]
             batch = build_batch([good[i] for i in idx], adv[idx], c.pad_token_id)
             mask = batch.loss_mask.to(self.device)
-            logp = self.logprobs(batch.input_ids)
+            logp = self.logprobs(batch.input_ids, mask=mask)
             ref = None
             if self.ref_model is not None:
                 with torch.no_grad():
-                    ref = self.logprobs(batch.input_ids, self.ref_model)
+                    ref = self.logprobs(batch.input_ids, self.ref_model, mask=mask)
             loss, st = policy_loss(logp, batch.behav_logprobs.to(self.device),
                                    batch.advantages.to(self.device), mask,
                                    clip_eps_low=c.clip_eps_low, clip_eps_high=c.clip_eps_high,
