@@ -47,3 +47,29 @@ def test_unknown_dtype_is_a_config_error():
 
     with pytest.raises(ConfigError, match="dtype"):
         TrainerConfig.parse({"dtype": "float16"})
+
+
+def test_shared_prompt_gives_the_same_loss_and_update_as_full_rows():
+    import copy
+
+    base = tiny_qwen3(3)
+    shared = GRPOTrainer(copy.deepcopy(base), TrainerConfig(lr=1e-3, micro_batch_size=3))
+    full = GRPOTrainer(copy.deepcopy(base), TrainerConfig(lr=1e-3, micro_batch_size=3, share_prompt=False))
+    batch = [traj(full, 0, [10, 11, 12], 1.0, group=0), traj(full, 1, [20], 0.0, group=0),
+             traj(full, 2, [30, 31], 0.5, group=0, env=[7, 8]), traj(full, 3, [40, 41], 1.0, group=1),
+             traj(full, 4, [42, 43, 44, 45], 0.0, group=1)]
+    grads = []
+    for tr in (shared, full):  # the gradient the update applies (Adam's step would amplify rounding)
+        tr.optimizer.step = lambda: None
+        tr.optimizer.zero_grad = lambda set_to_none=True: None  # keep the step's gradients to compare
+        m = tr.step(batch)
+        grads.append((m["loss"], [p.grad for p in tr.params]))
+    assert len(shared._micro_batches(batch, [0, 1, 2, 3, 4])) == 2  # one per group
+    assert grads[0][0] == pytest.approx(grads[1][0], abs=1e-6)
+    for a, b in zip(grads[0][1], grads[1][1]):
+        assert torch.allclose(a, b, atol=1e-6)
+    ids = torch.tensor([batch[3].token_ids, batch[3].token_ids[:4] + [42, 43]])
+    mask = torch.tensor([[0.0] * 4 + [1.0, 1.0]] * 2)
+    with torch.no_grad():
+        assert torch.allclose(shared.logprobs(ids, mask=mask, shared_prefix=4), shared.logprobs(ids, mask=mask),
+                              atol=1e-6)
