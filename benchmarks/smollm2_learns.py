@@ -100,7 +100,8 @@ def main() -> None:
     training._Saver.__call__ = saver
     t0 = time.perf_counter()
     try:
-        run_training(None, cfg, run_dir, Console(file=sys.stderr, width=200), overwrite=True)
+        run_training(ROOT / "configs" / "smollm2-arith.yaml", cfg, run_dir, Console(file=sys.stderr, width=200),
+                     overwrite=True)
     except training.RunInterrupted:
         pass
     train_s = time.perf_counter() - t0

@@ -33,18 +33,13 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
 PROMPTS, GROUP, NEW_TOKENS, LR = 2, 8, 16, 1e-5
-TASK = os.environ.get("PEARL_ARITH_MODULE", "pearl.envs.arith")  # a module with ArithEnv and arith_reward
-
-
-def task() -> object:
-    import importlib
-
-    return importlib.import_module(TASK)
 
 
 def problems(n: int, seed: int = 0) -> list[tuple[list[dict], float]]:
     """The first `n` prompts `pearl train` poses with `seed` (its env seeds are seed * 100003 + group id)."""
-    env = task().ArithEnv()
+    from pearl.envs.arith import ArithEnv
+
+    env = ArithEnv()
     out = []
     for gid in range(n):
         text, answer = env.question(seed * 100_003 + gid)
@@ -58,9 +53,8 @@ def run_trl(steps: int, out: Path) -> dict:
     from transformers import AutoTokenizer, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
+    from pearl.envs.arith import arith_reward
     from pearl.real.models import load_model
-
-    arith_reward = task().arith_reward
 
     loaded = load_model("smollm2-135m")  # also writes the safetensors copy the tokenizer is read from
     model = loaded.hf_model
@@ -103,7 +97,7 @@ def run_pearl(steps: int, out: Path, overrides: dict) -> dict:
 
     from pearl.runtime.training import run_training
 
-    over = {"name": "vs-trl", "model": "smollm2-135m", "env": {"name": "arith" if TASK == "pearl.envs.arith" else f"{TASK}:ArithEnv", "use_system_prompt": True},
+    over = {"name": "vs-trl", "model": "smollm2-135m", "env": {"name": "arith", "use_system_prompt": True},
             "max_steps": steps, "prompts_per_step": PROMPTS, "group_size": GROUP, "staleness": 1,
             "sampling": {"temperature": 1.0, "top_p": 1.0, "max_new_tokens": NEW_TOKENS, "restrict_actions": False},
             "trainer": {"lr": LR, "kl_coef": 0.0, "micro_batch_size": PROMPTS * GROUP}, "dtype": "bfloat16",
@@ -112,7 +106,8 @@ def run_pearl(steps: int, out: Path, overrides: dict) -> dict:
     for k, v in overrides.items():
         over[k] = {**over[k], **v} if isinstance(v, dict) and isinstance(over.get(k), dict) else v
     run_dir = out / "pearl"
-    run_training(None, over, run_dir, Console(file=sys.stderr, width=200), overwrite=True)
+    run_training(ROOT / "configs" / "smollm2-arith.yaml", over, run_dir, Console(file=sys.stderr, width=200),
+                 overwrite=True)
     lines = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
     done = sum(m["trained"] for m in lines)
     return {"side": "pearl", "completions": done, "wall_s": lines[-1]["elapsed_s"],
@@ -160,6 +155,11 @@ def main() -> None:
     ap.add_argument("--side", choices=["trl", "pearl"], help="run one side only (used by the parent process)")
     ap.add_argument("--pearl-set", default="{}", help="JSON overrides of the pearl train config")
     a = ap.parse_args()
+    try:
+        import trl  # noqa: F401
+    except ImportError:
+        print("vs_trl: skipped: TRL is not installed (pip install -e '.[bench]')")
+        return
     a.out.mkdir(parents=True, exist_ok=True)
     over = json.loads(a.pearl_set)
     if a.side:
