@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import csv
 import json
-import os
 import sys
 import time
 from pathlib import Path
@@ -26,15 +25,14 @@ sys.path.insert(0, str(ROOT / "src"))
 
 def heldout_reward(loaded, state_dict, seeds: list[int], max_new: int) -> float:
     """Mean greedy reward of the model (with `state_dict` loaded, if given) on `seeds`."""
-    import torch
-
     from pearl.envs.arith import ArithEnv
     from pearl.real.engine import TorchEngine
     from pearl.real.sampling import SamplingParams
 
     env = ArithEnv()
-    eng = TorchEngine(loaded, max_num_seqs=64, max_batched_tokens=2048, num_threads=torch.get_num_threads(),
-                      dtype="bfloat16")
+    # One thread, as `pearl train` gives a rollout worker: on a shared machine OpenMP threads waiting
+    # at barriers for busy cores make a decode step far slower.
+    eng = TorchEngine(loaded, max_num_seqs=64, max_batched_tokens=2048, num_threads=1, dtype="bfloat16")
     if state_dict is not None:
         eng.update_weights(state_dict, 1)
     tok = loaded.tokenizer
@@ -107,7 +105,6 @@ def main() -> None:
     train_s = time.perf_counter() - t0
     lines = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
-    torch.set_num_threads(os.cpu_count() or 1)
     loaded = load_model("smollm2-135m")
     seeds = heldout_seeds(a.n)
     points = [(0, 0.0, heldout_reward(loaded, None, seeds, a.max_new_tokens))]

@@ -155,9 +155,9 @@ def main() -> None:
     ap.add_argument("--side", choices=["trl", "pearl"], help="run one side only (used by the parent process)")
     ap.add_argument("--pearl-set", default="{}", help="JSON overrides of the pearl train config")
     a = ap.parse_args()
-    try:
-        import trl  # noqa: F401
-    except ImportError:
+    import importlib.util
+
+    if importlib.util.find_spec("trl") is None:
         print("vs_trl: skipped: TRL is not installed (pip install -e '.[bench]')")
         return
     a.out.mkdir(parents=True, exist_ok=True)
