@@ -14,7 +14,8 @@ Environments see only text: tokenising and chat formatting belong to the agent l
 `EnvRunner` is what the agent loop calls. It runs `step` with a timeout in a daemon thread (a hung
 environment cannot be interrupted, but a daemon thread does not keep the process alive), turns an
 exception, a timeout or a malformed result into `EnvironmentFailure` with a one-line reason (the
-trajectory fails, the run goes on), and truncates episodes at `max_turns`.
+trajectory fails, the run goes on; a `TaskError`'s message is that reason as is), and truncates
+episodes at `max_turns`.
 """
 from __future__ import annotations
 
@@ -26,7 +27,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable, Protocol, runtime_checkable
 
-from pearl.errors import EnvironmentFailure
+from pearl.errors import EnvironmentFailure, one_line
 
 
 @dataclass(frozen=True)
@@ -47,6 +48,11 @@ class Env(Protocol):
     def reset(self, seed: int) -> str: ...
 
     def step(self, model_text: str) -> StepResult: ...
+
+
+class TaskError(Exception):
+    """Raised by an environment's `step` with a reason worth showing as is (say, "reward x:f raised
+    KeyError: 'answer'"): `EnvRunner` fails the trajectory with exactly this message."""
 
 
 def _in_daemon_thread(fn: Callable[..., Any], *args: Any) -> cf.Future:
@@ -162,6 +168,8 @@ class EnvRunner:
             return _in_daemon_thread(fn, arg).result(timeout=self.timeout_s)
         except cf.TimeoutError:
             raise self._fail(f"{what} timed out after {self.timeout_s:g} s") from None
+        except TaskError as err:
+            raise self._fail(one_line(str(err))) from err
         except Exception as err:
             raise self._fail(f"{what} raised {_one_line(err)}") from err
 
@@ -174,6 +182,8 @@ class EnvRunner:
             raise self._fail(f"{what} timed out after {self.timeout_s:g} s") from None
         except asyncio.CancelledError:
             raise
+        except TaskError as err:
+            raise self._fail(one_line(str(err))) from err
         except Exception as err:
             raise self._fail(f"{what} raised {_one_line(err)}") from err
 

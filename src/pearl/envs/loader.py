@@ -19,7 +19,9 @@ from pearl.envs.base import Env, StepResult
 from pearl.errors import ConfigError, UnknownNameError
 
 BUILTIN_ENVS: dict[str, str] = {
+    "arith": "pearl.envs.arith:ArithEnv",
     "calculator": "pearl.envs.calculator:CalculatorEnv",
+    "dataset": "pearl.envs.dataset:DatasetEnv",
     "gridworld": "pearl.envs.gridworld:GridWorldEnv",
     "guess": "pearl.envs.guess:GuessNumberEnv",
 }
@@ -33,28 +35,63 @@ def resolve(spec: str) -> Callable[..., Any]:
         raise ConfigError(f"env: expected a name or 'package.module:Class', got {spec!r}")
     spec = spec.strip()
     target = BUILTIN_ENVS.get(spec, spec)
-    if ":" in target:
-        module_name, _, attr = target.partition(":")
-    elif "." in target:
-        module_name, _, attr = target.rpartition(".")
-    else:
+    if ":" not in target and "." not in target:
         raise UnknownNameError("environment", spec, list(BUILTIN_ENVS))
+    obj = import_object(target, f"env {spec!r}", "Class")
+    if not callable(obj):
+        attr = target.partition(":")[2] if ":" in target else target.rpartition(".")[2]
+        raise ConfigError(f"env {spec!r}: {attr!r} is a {type(obj).__name__}, not a class or factory")
+    return obj
+
+
+def import_object(target: str, label: str, kind: str = "name") -> Any:
+    """The object 'package.module:name' (or 'package.module.name', or 'path/to/file.py:name') names.
+    Every problem is a one-line ConfigError starting with `label`."""
+    if ":" in target:
+        module_name, _, attr = target.rpartition(":")
+    else:
+        module_name, _, attr = target.rpartition(".")
     if not module_name or not attr:
-        raise ConfigError(f"env {spec!r}: expected 'package.module:Class'")
+        raise ConfigError(f"{label}: expected 'package.module:{kind}'")
     try:
-        module = importlib.import_module(module_name)
+        if module_name.endswith(".py") or "/" in module_name or "\\" in module_name:
+            module = _import_file(module_name)
+        else:
+            module = importlib.import_module(module_name)
+    except FileNotFoundError:
+        raise ConfigError(f"{label}: no such file {module_name!r}") from None
     except ImportError as err:
-        raise ConfigError(f"env {spec!r}: cannot import module {module_name!r} ({_brief(err)})") from None
+        raise ConfigError(f"{label}: cannot import module {module_name!r} ({_brief(err)})") from None
     except Exception as err:  # a user module that fails while importing
-        raise ConfigError(f"env {spec!r}: importing {module_name!r} failed ({_brief(err)})") from None
+        raise ConfigError(f"{label}: importing {module_name!r} failed ({_brief(err)})") from None
     obj: Any = module
     for part in attr.split("."):
         if not hasattr(obj, part):
-            raise ConfigError(f"env {spec!r}: module {module_name!r} has no attribute {attr!r}")
+            raise ConfigError(f"{label}: module {module_name!r} has no attribute {attr!r}")
         obj = getattr(obj, part)
-    if not callable(obj):
-        raise ConfigError(f"env {spec!r}: {attr!r} is a {type(obj).__name__}, not a class or factory")
     return obj
+
+
+def _import_file(path: str) -> Any:
+    """A Python file imported as a module (once per resolved path; re-imported when it changes)."""
+    import importlib.util
+    import sys
+    from pathlib import Path
+
+    p = Path(path).expanduser().resolve()
+    if not p.is_file():
+        raise FileNotFoundError(path)
+    st = p.stat()
+    name = f"_pearl_user_{abs(hash((str(p), st.st_mtime_ns, st.st_size)))}"
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, p)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"not a Python file: {path}")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    sys.modules[name] = module
+    return module
 
 
 def load_env(spec: str, **kwargs: Any) -> Env:

@@ -101,13 +101,19 @@ class EngineStats:
 class TorchEngine:
     def __init__(self, model: LoadedModel, role: Role | str = Role.MIXED, *, max_num_seqs: int = 32,
                  max_batched_tokens: int = 512, kv_capacity_tokens: int = 65536, block_size: int = 16,
-                 dtype: torch.dtype = torch.float32, seed: int = 0, version: int = 0, wid: int = 0,
+                 dtype: torch.dtype | str = torch.float32, seed: int = 0, version: int = 0, wid: int = 0,
                  retain_sessions: bool = True, log_steps: bool = False, num_threads: int | None = None,
                  share_weights_with: "TorchEngine | None" = None):
+        # torch's intra-op thread count is per OS thread: it is set here and again on whichever
+        # thread steps the engine (`step`). One engine per core wants 1: OpenMP threads waiting at
+        # barriers for a core another process holds make the many small kernels of a decode step slower.
+        self.num_threads = num_threads
         if num_threads is not None:
-            # Process-wide. One engine per core wants 1: OpenMP threads waiting at barriers for a core
-            # another process holds make the many small kernels of a decode step 10-100x slower.
             torch.set_num_threads(num_threads)
+        if isinstance(dtype, str):
+            if dtype not in ("float32", "bfloat16"):
+                raise ConfigError(f"engine dtype {dtype!r} is not one of float32, bfloat16")
+            dtype = getattr(torch, dtype)
         try:
             self.role = Role(role)
         except ValueError:
@@ -251,6 +257,8 @@ class TorchEngine:
                 raise ResourceError(f"engine {self.wid}: request {r.rid} needs KV for {r.num_tokens} tokens but "
                                     f"the engine holds {self.kv_capacity} (raise kv_capacity_tokens)")
             return []
+        if self.num_threads is not None and torch.get_num_threads() != self.num_threads:
+            torch.set_num_threads(self.num_threads)
         t0 = time.perf_counter()
         result = self.runner.run(batch.items, self._params)
         version = self.decoder.version

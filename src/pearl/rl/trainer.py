@@ -17,10 +17,12 @@ It does not decide staleness (admission control does), push weights (the runtime
 """
 from __future__ import annotations
 
+import contextlib
 import copy
+import inspect
 import math
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Literal, Sequence
 
 import torch
 from pydantic import Field, model_validator
@@ -45,6 +47,13 @@ class TrainerConfig(Frozen):
     normalize_std: bool = True
     adv_eps: float = Field(default=1e-6, gt=0)
     pad_token_id: int = Field(default=0, ge=0)
+    # bfloat16: the forward and backward matmuls run under CPU/CUDA autocast in bf16, while the
+    # weights, gradients and AdamW state stay float32 (bf16 weights would round away lr-1e-5 updates)
+    # and the output projection and log-softmax of the scored tokens run in float32.
+    dtype: Literal["float32", "bfloat16"] = "float32"
+    # Micro-batch by GRPO group and run each group's common prompt through the model once (HF causal
+    # LMs; other modules score every row in full). Same loss and gradient, far fewer tokens.
+    share_prompt: bool = True
 
     @model_validator(mode="after")
     def _check(self) -> "TrainerConfig":
@@ -92,6 +101,43 @@ def build_batch(trajectories: Sequence[Trajectory], advantages: Tensor, pad_toke
     return Batch(ids, mask, behav, versions, advantages.float(), torch.tensor(lengths))
 
 
+def _split_head(model: nn.Module) -> tuple[nn.Module, nn.Module] | None:
+    """(decoder body, output projection) of an HF causal LM (`.model` + `.lm_head`), else None."""
+    body, head = getattr(model, "model", None), getattr(model, "lm_head", None)
+    if isinstance(body, nn.Module) and isinstance(head, nn.Linear) and hasattr(getattr(model, "config", None),
+                                                                                  "use_cache"):
+        return body, head
+    return None
+
+
+def _hidden(body: nn.Module, ids: Tensor, shared_prefix: int) -> Tensor:
+    """The body's last hidden states [B, T, H]; with `shared_prefix` P > 1 (all rows start with the same
+    P tokens, and there is more after them), the prefix runs once at batch 1 and the rows continue from
+    its KV cache, repeated per row (differentiable: each row's gradient flows back into the prefix)."""
+    p = shared_prefix
+    if p < 2 or p >= ids.shape[1]:
+        return body(input_ids=ids, use_cache=False).last_hidden_state
+    pre = body(input_ids=ids[:1, :p], use_cache=True)
+    cache = getattr(pre, "cache", None) or pre.past_key_values  # transformers 5.2x renamed it `cache`
+    cache.batch_repeat_interleave(ids.shape[0])
+    kw = "cache" if "cache" in inspect.signature(body.forward).parameters else "past_key_values"
+    rest = body(input_ids=ids[:, p:], use_cache=True, **{kw: cache}).last_hidden_state
+    return torch.cat([pre.last_hidden_state.expand(ids.shape[0], -1, -1), rest], dim=1)
+
+
+def shared_prefix_len(trajectories: Sequence[Trajectory]) -> int:
+    """How many leading tokens every trajectory has in common before its first model token."""
+    first = [t.loss_mask.index(1) if 1 in t.loss_mask else len(t.loss_mask) for t in trajectories]
+    n, ref = min(first), trajectories[0].token_ids
+    for t in trajectories[1:]:
+        ids = t.token_ids
+        k = 0
+        while k < n and ids[k] == ref[k]:
+            k += 1
+        n = k
+    return n
+
+
 def forward_logits(model: nn.Module, input_ids: Tensor) -> Tensor:
     """Logits [B, T, V] from an HF causal LM or from a module returning logits directly."""
     cfg = getattr(model, "config", None)
@@ -130,9 +176,49 @@ class GRPOTrainer:
                                         dtype=torch.long, device=self.device)
 
     # ------------------------------------------------------------ scoring
-    def logprobs(self, input_ids: Tensor, model: nn.Module | None = None) -> Tensor:
-        logits = forward_logits(model or self.model, input_ids.to(self.device))
-        return token_logprobs(logits, input_ids.to(self.device), self.allowed)
+    def autocast(self) -> Any:
+        """The precision context of the forward pass (a no-op in float32)."""
+        if self.config.dtype == "float32":
+            return contextlib.nullcontext()
+        return torch.autocast(self.device.type, dtype=torch.bfloat16)
+
+    def logprobs(self, input_ids: Tensor, model: nn.Module | None = None, mask: Tensor | None = None,
+                 shared_prefix: int = 0) -> Tensor:
+        """log p(token_t | tokens_<t) [B, T] (0 at position 0). With `mask` [B, T], only the masked
+        positions are scored (the rest are 0): for an HF causal LM the output projection and the
+        log-softmax then run over those rows only, not over the prompt's and the padding's.
+        `shared_prefix` P > 1: every row starts with the same P tokens (a GRPO group's prompt), which
+        then go through the model once, their KV shared by the rows (the same values and gradients)."""
+        model = model or self.model
+        ids = input_ids.to(self.device)
+        split = _split_head(model) if mask is not None else None
+        with self.autocast():
+            if split is None:
+                return token_logprobs(forward_logits(model, ids), ids, self.allowed)
+            hidden = _hidden(split[0], ids, shared_prefix)  # [B, T, H]
+        return self._score(hidden, split[1], ids, mask.to(self.device))
+
+    def _score(self, hidden: Tensor, head: nn.Linear, ids: Tensor, mask: Tensor) -> Tensor:
+        """The masked positions' log-probs from the body's hidden states, through the head in float32."""
+        on = mask.bool()
+        on[:, 0] = False  # position 0 has no context
+        b, t = on.nonzero(as_tuple=True)
+        rows = hidden[b, t - 1].float()  # the hidden state that predicts token t
+        w, bias = head.weight, head.bias
+        if self.allowed is not None:
+            w = w[self.allowed]
+            bias = bias[self.allowed] if bias is not None else None
+        logits = torch.nn.functional.linear(rows, w.float(), None if bias is None else bias.float())
+        target = ids[b, t]
+        if self.allowed is not None:  # the target's column in the allowed sub-vocabulary (-1: not allowed)
+            col = torch.full((int(head.weight.shape[0]),), -1, dtype=torch.long, device=self.device)
+            col[self.allowed] = torch.arange(len(self.allowed), device=self.device)
+            target = col[target]
+        ok = target >= 0
+        picked = logits.gather(-1, target.clamp(min=0)[:, None])[:, 0]
+        lp = torch.where(ok, picked - torch.logsumexp(logits, dim=-1), torch.zeros_like(picked))
+        out = torch.zeros(ids.shape, dtype=lp.dtype, device=self.device)
+        return out.index_put((b, t), lp)
 
     # ------------------------------------------------------------ one update
     def step(self, trajectories: Sequence[Trajectory]) -> dict[str, Any]:
@@ -190,15 +276,15 @@ class GRPOTrainer:
         c = self.config
         loss_sum = ratio_sum = kl_sum = 0.0
         scored = clipped = capped = 0
-        for start in range(0, len(work), c.micro_batch_size):
-            idx = work[start:start + c.micro_batch_size]
+        for idx in self._micro_batches(good, work):
             batch = build_batch([good[i] for i in idx], adv[idx], c.pad_token_id)
             mask = batch.loss_mask.to(self.device)
-            logp = self.logprobs(batch.input_ids)
+            pre = shared_prefix_len([good[i] for i in idx]) if c.share_prompt and len(idx) > 1 else 0
+            logp = self.logprobs(batch.input_ids, mask=mask, shared_prefix=pre)
             ref = None
             if self.ref_model is not None:
                 with torch.no_grad():
-                    ref = self.logprobs(batch.input_ids, self.ref_model)
+                    ref = self.logprobs(batch.input_ids, self.ref_model, mask=mask, shared_prefix=pre)
             loss, st = policy_loss(logp, batch.behav_logprobs.to(self.device),
                                    batch.advantages.to(self.device), mask,
                                    clip_eps_low=c.clip_eps_low, clip_eps_high=c.clip_eps_high,
@@ -212,6 +298,17 @@ class GRPOTrainer:
             capped += st.capped
             kl_sum += st.kl_sum
         return dict(loss=loss_sum, scored=scored, ratio=ratio_sum, clipped=clipped, capped=capped, kl=kl_sum)
+
+    def _micro_batches(self, good: Sequence[Trajectory], work: list[int]) -> list[list[int]]:
+        """`work` in chunks of at most micro_batch_size; with share_prompt, one GRPO group per chunk
+        (its rows then share their prompt's forward pass)."""
+        size = self.config.micro_batch_size
+        if not self.config.share_prompt:
+            return [work[i:i + size] for i in range(0, len(work), size)]
+        groups: dict[int, list[int]] = {}
+        for i in work:
+            groups.setdefault(good[i].group_id, []).append(i)
+        return [g[i:i + size] for g in groups.values() for i in range(0, len(g), size)]
 
     def _apply_update(self) -> tuple[float, bool]:
         """Clip and apply the accumulated gradients, bumping `version`; a non-finite gradient norm

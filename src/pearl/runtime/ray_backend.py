@@ -42,7 +42,7 @@ PEARL_DIR = Path(__file__).resolve().parents[1]  # the package, shipped to a joi
 class EngineWorker:
     """A Ray actor holding one TorchEngine; its methods mirror the engine's (plus `step` reports has_work)."""
 
-    def __init__(self, model_name: str, weights: dict | None, role: str, settings: dict[str, int],
+    def __init__(self, model_name: str, weights: dict | None, role: str, settings: dict[str, Any],
                  seed: int, wid: int):
         from pearl.real.engine import TorchEngine
         from pearl.real.models import load_model
@@ -50,8 +50,7 @@ class EngineWorker:
         loaded = load_model(model_name)
         if weights is not None:  # the driver's weights win over the catalogue's (a fine-tuned start)
             loaded.hf_model.load_state_dict(weights)
-        # One thread: several workers may share a machine's cores, and OpenMP spinning would stall them.
-        self.engine = TorchEngine(loaded, role, seed=seed, wid=wid, num_threads=1, **settings)
+        self.engine = TorchEngine(loaded, role, seed=seed, wid=wid, **settings)
 
     def ready(self) -> int:
         return self.engine.version
@@ -320,7 +319,8 @@ class RayBackend:
             weights = ray.put({k: v.detach().cpu() for k, v in loaded.hf_model.state_dict().items()})
             es = cfg.engine
             settings = {"max_num_seqs": es.max_num_seqs, "max_batched_tokens": es.max_batched_tokens,
-                        "kv_capacity_tokens": es.kv_capacity_tokens}
+                        "kv_capacity_tokens": es.kv_capacity_tokens, "dtype": es.dtype,
+                        "num_threads": cfg.threads.engine or 1}  # one thread each unless configured
             cls = ray.remote(num_cpus=num_cpus, max_restarts=0)(EngineWorker)
             # Named (pearl-rollout-<i>-<run>) so operators and tests can find a worker with ray.get_actor.
             run = uuid.uuid4().hex[:8]

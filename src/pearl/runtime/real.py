@@ -44,6 +44,7 @@ from pearl.control.observation import TrainerIdle, TrainerNeedsDevices, TrainerO
 from pearl.control.staleness import StalenessGate
 from pearl.errors import ConfigError, PearlError, one_line
 from pearl.runtime.real_layout import check_memory, choose_layout, control_setting, probe_workload
+from pearl.runtime.threads import host_cores, plan_threads
 from pearl.runtime.train_config import TrainConfig
 
 __all__ = ["Run", "TrainingDiverged", "split_batch"]
@@ -91,6 +92,9 @@ class Run:
             raise ConfigError(f"environment {cfg.env.name!r}: its constructor raised "
                               f"{type(err).__name__}: {one_line(str(err))}") from None
         check_memory(cfg.model, cfg.rollout_workers)
+        th = cfg.threads
+        self.threads = plan_threads(host_cores(), cfg.rollout_workers if cfg.backend == "local" else 0,
+                                    th.trainer, th.engine, th.interop)
         torch.manual_seed(cfg.seed)
         loaded = self.loaded = load_model(cfg.model)
         allowed = self._sampling(probe)
@@ -152,7 +156,7 @@ class Run:
         es = self.cfg.engine
         return TorchEngine(self.loaded, role, max_num_seqs=es.max_num_seqs, max_batched_tokens=es.max_batched_tokens,
                            kv_capacity_tokens=es.kv_capacity_tokens, seed=self.cfg.seed + i, wid=i,
-                           share_weights_with=share)
+                           share_weights_with=share, dtype=es.dtype, num_threads=self.threads.engine)
 
     def _trainer(self, allowed: tuple[int, ...] | None) -> None:
         from pearl.rl.trainer import GRPOTrainer
@@ -208,7 +212,7 @@ class Run:
 
     # ------------------------------------------------------------ rollout thread
     def rollout(self) -> None:
-        torch.set_num_threads(1)
+        torch.set_num_threads(self.threads.engine)
         if self.control is not None:
             self.control.driver.start()
         try:
@@ -315,7 +319,7 @@ class Run:
             self.log.span(f"step {self.trainer.version}", "train", t0, self.now(), "trainer",
                           {"trajectories": len(batch)})
         m = {k: tm[k] for k in ("version", "loss", "grad_norm", "clip_fraction", "reward_mean", "reward_std",
-                                "staleness_mean", "staleness_max", "skipped")}
+                                "staleness_mean", "staleness_max", "skipped", "ratio_mean")}
         m["success_rate"] = sum(map(_success, batch)) / len(batch)
         if not tm["skipped"]:
             self.agent.offer_weights(self.trainer.state_dict_snapshot(), self.trainer.version)
@@ -352,7 +356,7 @@ class Run:
         return m
 
     def train(self) -> None:
-        torch.set_num_threads(1)
+        torch.set_num_threads(self.threads.trainer)
         cfg = self.cfg
         self._t_start = self._last_t = time.perf_counter()
         self._tok_last = 0

@@ -58,6 +58,17 @@ class EngineSettings(Frozen):
     # with a model whose steps are mostly matrix work (SmolLM2) two workers roll out faster than one;
     # with the tiny model the Python around its kernels dominates and it hardly matters.
     parallel_steps: bool = True
+    # The engines' weights, activations and KV cache (bfloat16 halves the memory traffic of a decode step).
+    dtype: Literal["float32", "bfloat16"] = "float32"
+
+
+class ThreadsConfig(Frozen):
+    """torch intra-op threads per role (`pearl.runtime.threads`); unset: one per rollout worker, the
+    trainer the rest of the cores."""
+
+    trainer: int | None = Field(default=None, ge=1, le=1024)
+    engine: int | None = Field(default=None, ge=1, le=1024)  # per rollout worker
+    interop: int | None = Field(default=None, ge=1, le=1024)
 
 
 class TrainControllerConfig(ControllerConfig):
@@ -98,6 +109,9 @@ class TrainConfig(Frozen):
     sampling: SamplingConfig = SamplingConfig()
     trainer: TrainerConfig = TrainerConfig(lr=5e-4, micro_batch_size=32)
     engine: EngineSettings = EngineSettings()
+    threads: ThreadsConfig = ThreadsConfig()
+    # Precision of the trainer and the engines at once; `trainer.dtype` / `engine.dtype` override it per role.
+    dtype: Literal["float32", "bfloat16"] | None = None
     seed: int = Field(default=0, ge=0, le=MAX_SEED)
     rollout_workers: int = Field(default=1, ge=1, le=MAX_WORKERS)
     # auto: with >= 2 rollout workers, the controller's selector picks colocated or 1P:(N-1)D from a
@@ -129,6 +143,20 @@ class TrainConfig(Frozen):
     # The trainer gives up (one-line error) when no batch completes for this long: a hung rollout
     # never becomes a silent hang of the run.
     stall_timeout_s: float = Field(default=600.0, gt=0, le=86400)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _dtype_default(cls, data: Any) -> Any:
+        """A top-level `dtype` fills `trainer.dtype` and `engine.dtype` where they are not given."""
+        if isinstance(data, dict) and data.get("dtype") in ("float32", "bfloat16"):  # else: its own error
+            data = dict(data)
+            for role in ("trainer", "engine"):
+                sub = data.get(role)
+                if sub is None or isinstance(sub, dict):
+                    data[role] = {"dtype": data["dtype"], **(sub or {})}
+                    if role == "trainer" and sub is None:  # keep the class default's other fields
+                        data[role] = {**TrainConfig.model_fields["trainer"].default.model_dump(), **data[role]}
+        return data
 
     @model_validator(mode="after")
     def _check(self) -> "TrainConfig":

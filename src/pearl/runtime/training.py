@@ -44,6 +44,7 @@ from pearl.runtime.checkpoint import latest_checkpoint, rng_state, save_checkpoi
 from pearl.runtime.observe import RunLog
 from pearl.runtime.trace import cluster_spans
 from pearl.runtime.real import Run
+from pearl.runtime.threads import set_interop_threads
 from pearl.runtime.train_config import TrainConfig, load_train_config, parse_train_config
 
 __all__ = ["RunInterrupted", "run_training", "summarize"]
@@ -247,6 +248,7 @@ def run_training(config_path: Path | None, overrides: dict[str, Any] | None, out
     console = console or Console()
     cfg, out_dir, state = _start(config_path, overrides or {}, output, resume, overwrite)
     torch.set_num_threads(1)
+    set_interop_threads(cfg.threads.interop or 1)
     t0 = time.perf_counter()
     run = Run(cfg, console, out_dir)
     run.log = RunLog(out_dir, resume=state is not None)
@@ -259,6 +261,8 @@ def run_training(config_path: Path | None, overrides: dict[str, Any] | None, out
     console.print(f"[bold]pearl train[/] {cfg.name}: model {cfg.model}, env {cfg.env.name}, "
                   f"{cfg.max_steps} steps × {cfg.prompts_per_step}×{cfg.group_size} trajectories, "
                   f"η={cfg.staleness}, layout {run.layout} → {out_dir}", highlight=False, soft_wrap=True)
+    console.print(f"{run.threads.describe()}; dtype trainer {cfg.trainer.dtype}, engines {cfg.engine.dtype}",
+                  highlight=False, soft_wrap=True)
     d = run.layout_decision
     console.print(f"layout {d['requested']} → {d['chosen']}: " + escape(d["reason"])
                   + (escape(f" [{d['perf_model']}]") if "perf_model" in d else ""), highlight=False, soft_wrap=True)
