@@ -1,4 +1,5 @@
-"""The multi-turn, token-in/token-out agent loop over real `TorchEngine`s (one rollout thread; with
+"""The multi-turn, token-in/token-out agent loop over real rollout engines (`pearl.real.engine_api.RolloutEngine`:
+`TorchEngine` or `VLLMEngine`) (one rollout thread; with
 `parallel_engines` the engines' steps run on a thread each, their outputs handled in engine order).
 
 `AgentLoop` owns its engines (they are single-threaded) and the episodes in flight:
@@ -32,7 +33,7 @@ from typing import Any, Callable
 
 from pearl.envs import EnvRunner
 from pearl.errors import EnvironmentFailure, PearlError, ResourceError, one_line
-from pearl.real.engine import Output, TorchEngine
+from pearl.real.engine_api import Output, RolloutEngine
 from pearl.real.sampling import SamplingParams
 from pearl.rl.trajectory import Group, Trajectory
 from pearl.types import Role
@@ -47,7 +48,7 @@ class Episode:
 
 
 class AgentLoop:
-    def __init__(self, engines: list[TorchEngine], layout: str, make_env: Callable[[], Any],
+    def __init__(self, engines: list[RolloutEngine], layout: str, make_env: Callable[[], Any],
                  sampling: SamplingParams, group_size: int, env_timeout_s: float | None,
                  use_system_prompt: bool = True, env_workers: int = 0, parallel_engines: bool = False):
         """`env_workers` > 0: environment resets and steps run on a pool of that many threads, off the
@@ -265,6 +266,9 @@ class AgentLoop:
         for tid in list(self.episodes):
             if self.engines[i].holds(tid):
                 self.engines[i].drop_session(tid)
+        close = getattr(self.engines[i], "close", None)  # a Ray proxy has none: its actor is the backend's
+        if close is not None:
+            close()
         return len(moved)
 
     def set_role(self, i: int, role: Role) -> None:
