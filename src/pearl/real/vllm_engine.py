@@ -304,6 +304,20 @@ class VLLMEngine:
         except Exception:  # already down
             pass
 
+    def score(self, token_ids: list[int]) -> list[float]:
+        """Log-probs of tokens 1.. of `token_ids`, each given the tokens before it (vLLM's prompt
+        log-probs: the raw distribution, temperature 1) under the current weights. Only while the
+        engine is idle: it runs its own steps."""
+        if self._live:
+            raise ResourceError(f"engine {self.wid}: score() needs an idle engine ({len(self._live)} requests run)")
+        vid = f"{self.wid}-score-{next(self._seq)}"
+        sp = self._vllm.SamplingParams(max_tokens=1, prompt_logprobs=0, detokenize=False)
+        self.llm.add_request(vid, self._vllm.inputs.TokensPrompt(prompt_token_ids=list(token_ids)), sp)
+        while True:
+            for ro in self.llm.step():
+                if ro.request_id == vid and ro.finished:
+                    return [float(d[t].logprob) for d, t in zip(ro.prompt_logprobs[1:], token_ids[1:])]
+
     # ------------------------------------------------------------ convenience
     def generate(self, prompts: list[list[int]], params: SamplingParams | list[SamplingParams] | None = None,
                  max_steps: int = 1_000_000) -> list[Output]:

@@ -66,6 +66,7 @@ class AgentLoop:
         self.tok = engines[0].tokenizer
         self.episodes: dict[str, Episode] = {}
         self._pending_weights: tuple[dict, int] | None = None
+        self._last_weights: tuple[dict, int] | None = None
         self._lock = threading.Lock()
         self._rr = 0
         self._turn_end = self._glue()
@@ -85,6 +86,7 @@ class AgentLoop:
         with self._lock:
             pending, self._pending_weights = self._pending_weights, None
         if pending is not None:
+            self._last_weights = pending  # for a worker that starts later with its own copy (vLLM)
             for i in self.live():
                 self.engines[i].update_weights(*pending)
 
@@ -177,6 +179,10 @@ class AgentLoop:
             self.pool.shutdown(wait=False, cancel_futures=True)
         if self.engine_pool is not None:
             self.engine_pool.shutdown(wait=False)
+        for i in self.live():  # engines that hold a process or memory outside Python (vLLM's engine core)
+            close = getattr(self.engines[i], "close", None)
+            if close is not None:
+                close()
 
     def _take_closed(self) -> list[Group]:
         out, self._closed = self._closed, []
@@ -222,7 +228,10 @@ class AgentLoop:
 
     # ------------------------------------------------------------ changing the layout
     def add_engine(self, engine: Any) -> int:
-        """A new worker; requests parked while no worker could serve them go to it."""
+        """A new worker (brought to the current weights unless it shares them); requests parked while
+        no worker could serve them go to it."""
+        if self._last_weights is not None and engine.version != self._last_weights[1]:
+            engine.update_weights(*self._last_weights)
         self.engines.append(engine)
         parked, self.parked = self.parked, []
         for req, kv in parked:
