@@ -8,6 +8,7 @@ import importlib.util
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -18,6 +19,7 @@ from pearl.real.sampling import SamplingParams
 pytestmark = [pytest.mark.vllm,
               pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vllm is not installed")]
 
+ROOT = Path(__file__).resolve().parents[2]
 N_PROMPTS, NEW = 16, 16
 # fp32 on both sides; vLLM's CPU kernels sum in another order than torch's, so log-probs agree to
 # ~1e-4 in practice. The bound we assert:
@@ -89,6 +91,7 @@ def test_abort_keeps_the_tokens_and_the_request_continues(smol, vllm_engine):
     req = vllm_engine.add_request(p, sp, session="s", rid="r")
     while req.num_generated < 5:
         vllm_engine.step()
+    assert vllm_engine.load() == 1 and len(p) <= vllm_engine.kv_used() <= vllm_engine.kv_capacity  # what the controller sees
     out = vllm_engine.abort("r")
     assert out.finish_reason == "abort" and out.token_ids == whole[: len(out.token_ids)]
     m = out.req
@@ -136,7 +139,7 @@ def test_weights_from_the_trainer_change_the_logprobs_to_the_trainers(smol, vllm
 def test_pearl_train_with_the_vllm_engine(tmp_path):
     """`pearl train` end to end with engine.kind vllm: 2 steps, the controller ticking over its worker."""
     out = tmp_path / "run"
-    cmd = [sys.executable, "-m", "pearl.cli", "train", "configs/smollm2-calculator.yaml", "--out", str(out),
+    cmd = [sys.executable, "-m", "pearl.cli", "train", str(ROOT / "configs" / "smollm2-calculator.yaml"), "--out", str(out),
            "--set", "engine.kind=vllm", "--set", "max_steps=2", "--set", "policy.name=pearl",
            "--set", "policy.decision_interval_s=1", "--set", "engine.kv_capacity_tokens=8192"]
     res = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
