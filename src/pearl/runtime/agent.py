@@ -1,6 +1,6 @@
-"""The multi-turn, token-in/token-out agent loop over real rollout engines (`pearl.real.engine_api.RolloutEngine`:
-`TorchEngine` or `VLLMEngine`) (one rollout thread; with
-`parallel_engines` the engines' steps run on a thread each, their outputs handled in engine order).
+"""The multi-turn, token-in/token-out agent loop over real rollout engines (`TorchEngine` or `VLLMEngine`,
+used only through `pearl.real.engine_api.RolloutEngine`): one rollout thread; with `parallel_engines`
+the engines' steps run on a thread each, their outputs handled in engine order.
 
 `AgentLoop` owns its engines (they are single-threaded) and the episodes in flight:
 
