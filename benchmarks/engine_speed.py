@@ -9,9 +9,11 @@
    with transformers `generate` (one padded batch per turn, every row runs to the batch's longest
    response, each turn re-prefills its whole context). A third line runs our engine with turn barriers
    and no prefix reuse, to show how much of the gain is the policy rather than the kernels.
+3. The same multi-turn workload with continuous batching on the vLLM engine (`VLLMEngine`, in this
+   process) vs on ours, for smollm2-135m, when vllm is importable (`make setup-vllm`); else it says so.
 
 Times are process CPU seconds (see `clock`), so keep --threads 1 for a fair figure on a shared machine.
-Usage: python benchmarks/engine_speed.py [--models tiny,smollm2-135m] [--threads 1]
+Usage: python benchmarks/engine_speed.py [--models tiny,smollm2-135m] [--threads 1] [--vllm-only]
 The figure (the ratios) is printed last. About 1-2 minutes on two cores.
 """
 from __future__ import annotations
@@ -21,6 +23,7 @@ import random
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
@@ -97,8 +100,9 @@ def workload(lm: LoadedModel, sessions: int, turns: int, max_resp: int, seed: in
     return out
 
 
-def run_continuous(lm: LoadedModel, wl: list[dict], max_num_seqs: int) -> tuple[float, int]:
-    engine = TorchEngine(lm, max_num_seqs=max_num_seqs, max_batched_tokens=512)
+def run_continuous(lm: LoadedModel, wl: list[dict], max_num_seqs: int, engine: Any = None) -> tuple[float, int]:
+    """The multi-turn workload with continuous batching on `engine` (any `RolloutEngine`; default ours)."""
+    engine = engine or TorchEngine(lm, max_num_seqs=max_num_seqs, max_batched_tokens=512)
     turn = {i: 0 for i in range(len(wl))}
     rid_of = {}
     t = clock()
@@ -135,6 +139,32 @@ def run_static(lm: LoadedModel, wl: list[dict], use_hf: bool) -> tuple[float, in
     return clock() - t, tokens
 
 
+def compare_vllm(lm: LoadedModel, wl: list[dict]) -> list[str]:
+    """Multi-turn, continuous batching: the vLLM engine vs ours on the same workload (best of 2 runs
+    each, interleaved; vLLM warmed up by a first run it is not timed on)."""
+    import importlib.util
+
+    if importlib.util.find_spec("vllm") is None:
+        print(f"[{lm.spec.name}] vLLM comparison skipped: vllm is not importable (make setup-vllm)")
+        return [f"{lm.spec.name}: vLLM vs ours not measured (vllm is not importable)"]
+    from pearl.real.vllm_engine import VLLMEngine
+
+    t = time.perf_counter()
+    vl = VLLMEngine.from_loaded(lm, max_num_seqs=len(wl), max_batched_tokens=512, kv_capacity_tokens=8192)
+    print(f"[{lm.spec.name}] vLLM engine loaded in {time.perf_counter() - t:.1f} s wall")
+    run_continuous(lm, wl[:2], len(wl), vl)  # warm-up
+    ours_s = vllm_s = float("inf")
+    for _ in range(2):
+        s, n = run_continuous(lm, wl, len(wl))
+        ours_s = min(ours_s, s)
+        s, nv = run_continuous(lm, wl, len(wl), vl)
+        vllm_s = min(vllm_s, s)
+    vl.close()
+    print(f"[{lm.spec.name}] multi-turn on vLLM, {len(wl)} sessions: vLLM {nv / vllm_s:8.1f} tok/s ({vllm_s:.2f} s, "
+          f"{nv} tokens)   ours {n / ours_s:8.1f} tok/s ({ours_s:.2f} s, {n} tokens)")
+    return [f"{lm.spec.name}: multi-turn continuous batching, vLLM/ours = {(nv / vllm_s) / (n / ours_s):.2f}x tok/s"]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--models", default="tiny,smollm2-135m")
@@ -144,6 +174,8 @@ def main() -> None:
     ap.add_argument("--sessions", type=int, default=16)
     ap.add_argument("--big-sessions", type=int, default=8, help="sessions for models other than tiny (time)")
     ap.add_argument("--turns", type=int, default=3)
+    ap.add_argument("--vllm-only", action="store_true", help="only the vLLM vs ours comparison")
+    ap.add_argument("--no-vllm", action="store_true", help="skip the vLLM comparison")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     print(f"torch {torch.__version__}, {args.threads} thread(s), times in process CPU seconds; decode batch "
@@ -156,6 +188,10 @@ def main() -> None:
             print(f"[{name}] skipped: {err}")
             continue
         big = name != "tiny"  # a real model costs ~100x more per token on CPU: a smaller workload
+        if big and not args.no_vllm:
+            figure += compare_vllm(lm, workload(lm, args.big_sessions, args.turns, 32))
+        if args.vllm_only:
+            continue
         ratios = []
         for batch in [args.batch] if big else [args.batch, 4 * args.batch]:
             ours, hf = bench_decode(lm, batch, args.new_tokens // 2 if big else args.new_tokens, 2 if big else 3)

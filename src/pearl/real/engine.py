@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import itertools
 import time
-from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping
 
 import torch
@@ -35,6 +34,7 @@ from pearl.engine.request import Request
 from pearl.engine.scheduler import Scheduler
 from pearl.errors import ConfigError, ResourceError
 from pearl.kv.blocks import BlockManager
+from pearl.real.engine_api import EngineStats, Migration, Output
 from pearl.real.kvcache import KVBlob, KVCache
 from pearl.real.modeling import Decoder
 from pearl.real.models import LoadedModel, Tokenizer
@@ -43,62 +43,12 @@ from pearl.real.sampling import Sampler, SamplingParams
 from pearl.types import Role
 
 
-@dataclass
-class Output:
-    """A request that left the engine. `req` is the live Request (token_ids = prompt + generated).
-
-    Tokens are never trimmed: a response that ends on a stop string or eos keeps the token that ended
-    it, because token-in/token-out RL trains on exactly the sampled tokens."""
-
-    req: Request
-    finish_reason: str  # "eos" | "stop" | "length" | "prefill" (hand-off) | "abort"
-    kv: KVBlob | None = None  # prefill role: the prompt's KV for the decode engine
-    stop: str | None = None  # the stop string that matched
-
-    @property
-    def rid(self) -> Any:
-        return self.req.rid
-
-    @property
-    def prompt_len(self) -> int:
-        return self.req.num_tokens - self.req.num_generated
-
-    @property
-    def token_ids(self) -> list[int]:
-        """The generated tokens (all of them, including any generated before a hand-off or migration)."""
-        return list(self.req.token_ids[self.prompt_len:]) if self.req.token_ids else []
-
-    @property
-    def logprobs(self) -> list[float]:
-        return list(self.req.logprobs)
-
-    @property
-    def versions(self) -> list[int]:
-        return list(self.req.versions)
-
-
-@dataclass
-class Migration:
-    """Everything needed to continue a request on another engine without recomputing its KV."""
-
-    req: Request
-    params: SamplingParams
-    kv: KVBlob | None  # None when no KV had been computed yet
-
-
-@dataclass
-class EngineStats:
-    steps: int = 0
-    tokens_prefilled: int = 0
-    tokens_decoded: int = 0
-    tokens_reused: int = 0  # context tokens whose KV was already here at submit (prefix reuse, import)
-    busy_s: float = 0.0
-    finished: int = 0
-    aborted: int = 0
-    step_log: list[tuple[int, int, int, float]] = field(default_factory=list)  # (n_decode, ctx, prefill, s)
-
-
 class TorchEngine:
+    """Satisfies `pearl.real.engine_api.RolloutEngine` with every capability (all roles, KV transfer)."""
+
+    roles = (Role.MIXED, Role.PREFILL, Role.DECODE)
+    supports_kv_transfer = True
+
     def __init__(self, model: LoadedModel, role: Role | str = Role.MIXED, *, max_num_seqs: int = 32,
                  max_batched_tokens: int = 512, kv_capacity_tokens: int = 65536, block_size: int = 16,
                  dtype: torch.dtype | str = torch.float32, seed: int = 0, version: int = 0, wid: int = 0,
@@ -345,6 +295,9 @@ class TorchEngine:
     def set_role(self, role: Role | str) -> None:
         """Serve as `role` from the next step on (the runtime moves in-flight requests out first)."""
         self.role = self.scheduler.role = Role(role)
+
+    def close(self) -> None:
+        """Nothing to release: the weights and KV tensors go with the object."""
 
     def abort_all(self) -> list[Output]:
         return [self.abort(rid) for rid in list(self._live)]

@@ -200,13 +200,19 @@ def cache_root() -> Path:
     return Path(os.environ.get("PEARL_CACHE_DIR") or Path.home() / ".cache" / "pearl") / "models"
 
 
+def smollm2_cache_dir() -> Path:
+    """Where the safetensors+tokenizer copy of the embedded GGUF lives (written by `load_model`)."""
+    gguf = find_smollm2_gguf()
+    st = gguf.stat()
+    key = hashlib.sha1(f"{gguf}:{st.st_size}:{st.st_mtime_ns}".encode()).hexdigest()[:12]
+    return cache_root() / f"smollm2-135m-{key}"
+
+
 def _load_smollm2(dtype: torch.dtype) -> tuple[Any, Tokenizer]:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     gguf = find_smollm2_gguf()
-    st = gguf.stat()
-    key = hashlib.sha1(f"{gguf}:{st.st_size}:{st.st_mtime_ns}".encode()).hexdigest()[:12]
-    cached = cache_root() / f"smollm2-135m-{key}"
+    cached = smollm2_cache_dir()
     if not (cached / "config.json").is_file():
         model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
         tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)

@@ -1,5 +1,6 @@
-"""The multi-turn, token-in/token-out agent loop over real `TorchEngine`s (one rollout thread; with
-`parallel_engines` the engines' steps run on a thread each, their outputs handled in engine order).
+"""The multi-turn, token-in/token-out agent loop over real rollout engines (`TorchEngine` or `VLLMEngine`,
+used only through `pearl.real.engine_api.RolloutEngine`): one rollout thread; with `parallel_engines`
+the engines' steps run on a thread each, their outputs handled in engine order.
 
 `AgentLoop` owns its engines (they are single-threaded) and the episodes in flight:
 
@@ -35,7 +36,7 @@ from typing import Any, Callable
 
 from pearl.envs import EnvRunner
 from pearl.errors import EnvironmentFailure, PearlError, ResourceError, one_line
-from pearl.real.engine import Output, TorchEngine
+from pearl.real.engine_api import Output, RolloutEngine
 from pearl.real.sampling import SamplingParams
 from pearl.rl.trajectory import Group, Status, Trajectory
 from pearl.types import Role
@@ -53,7 +54,7 @@ class Episode:
 
 
 class AgentLoop:
-    def __init__(self, engines: list[TorchEngine], layout: str, make_env: Callable[[], Any],
+    def __init__(self, engines: list[RolloutEngine], layout: str, make_env: Callable[[], Any],
                  sampling: SamplingParams, group_size: int, env_timeout_s: float | None,
                  use_system_prompt: bool = True, env_workers: int = 0, parallel_engines: bool = False):
         """`env_workers` > 0: environment resets and steps run on a pool of that many threads, off the
@@ -71,6 +72,7 @@ class AgentLoop:
         self.tok = engines[0].tokenizer
         self.episodes: dict[str, Episode] = {}
         self._pending_weights: tuple[dict, int] | None = None
+        self._last_weights: tuple[dict, int] | None = None
         self._lock = threading.Lock()
         self._rr = 0
         self._turn_end = self._glue()
@@ -92,6 +94,7 @@ class AgentLoop:
         with self._lock:
             pending, self._pending_weights = self._pending_weights, None
         if pending is not None:
+            self._last_weights = pending  # for a worker that starts later with its own copy (vLLM)
             for i in self.live():
                 self.engines[i].update_weights(*pending)
 
@@ -186,6 +189,10 @@ class AgentLoop:
             self.pool.shutdown(wait=False, cancel_futures=True)
         if self.engine_pool is not None:
             self.engine_pool.shutdown(wait=False)
+        for i in self.live():  # engines that hold a process or memory outside Python (vLLM's engine core)
+            close = getattr(self.engines[i], "close", None)
+            if close is not None:
+                close()
 
     def _take_closed(self) -> list[Group]:
         out, self._closed = self._closed, []
@@ -231,7 +238,10 @@ class AgentLoop:
 
     # ------------------------------------------------------------ changing the layout
     def add_engine(self, engine: Any) -> int:
-        """A new worker; requests parked while no worker could serve them go to it."""
+        """A new worker (brought to the current weights unless it shares them); requests parked while
+        no worker could serve them go to it."""
+        if self._last_weights is not None and engine.version != self._last_weights[1]:
+            engine.update_weights(*self._last_weights)
         self.engines.append(engine)
         parked, self.parked = self.parked, []
         for req, kv in parked:
@@ -275,6 +285,9 @@ class AgentLoop:
         for tid in list(self.episodes):
             if self.engines[i].holds(tid):
                 self.engines[i].drop_session(tid)
+        close = getattr(self.engines[i], "close", None)  # a Ray proxy has none: its actor is the backend's
+        if close is not None:
+            close()
         return len(moved)
 
     def set_role(self, i: int, role: Role) -> None:

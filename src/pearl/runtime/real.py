@@ -152,8 +152,12 @@ class Run:
 
     def _engine(self, role: Any, i: int, share: Any = None) -> Any:
         from pearl.real.engine import TorchEngine
+        from pearl.real.vllm_engine import VLLMEngine  # imports vllm only when an engine is built
 
         es = self.cfg.engine
+        if es.kind == "vllm":
+            return VLLMEngine.from_loaded(self.loaded, role, max_num_seqs=es.max_num_seqs, wid=i, seed=self.cfg.seed + i,
+                                          max_batched_tokens=es.max_batched_tokens, kv_capacity_tokens=es.kv_capacity_tokens)
         return TorchEngine(self.loaded, role, max_num_seqs=es.max_num_seqs, max_batched_tokens=es.max_batched_tokens,
                            kv_capacity_tokens=es.kv_capacity_tokens, seed=self.cfg.seed + i, wid=i,
                            share_weights_with=share, dtype=es.dtype, num_threads=self.threads.engine)

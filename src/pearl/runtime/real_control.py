@@ -47,7 +47,10 @@ class RealControl:
             self._register(i, (self.rollout[i],), e.role)
         self._active_integral, self._last_t = 0.0, 0.0
         self.events: queue.Queue = queue.Queue()  # (event, done) from the trainer thread
-        self.driver = ControlDriver(make_controller(policy, setting), self.clock, self, self.observe)
+        controller = make_controller(policy, setting)
+        if Role.PREFILL not in getattr(agent.engines[0], "roles", (Role.PREFILL,)) and hasattr(controller, "adapt_pd"):
+            controller.adapt_pd = False  # engines that serve the mixed role only (vLLM): colocated layouts only
+        self.driver = ControlDriver(controller, self.clock, self, self.observe)
 
     def _register(self, idx: int, devices: tuple[int, ...], role: Role) -> None:
         t = self.clock.now

@@ -136,6 +136,9 @@ def choose_layout(cfg: TrainConfig, setting: ControlSetting, workload: dict, sou
     if cfg.layout != "auto":
         return {"requested": cfg.layout, "chosen": cfg.layout, "reason": f"layout {cfg.layout!r} set in the config",
                 "ranked": []}
+    if cfg.engine.kind == "vllm":
+        return {"requested": "auto", "chosen": "colocated", "ranked": [],
+                "reason": "engine.kind vllm: mixed workers only (no KV connector for a P:D hand-off on CPU)"}
     if n < 2:
         return {"requested": "auto", "chosen": "colocated",
                 "reason": "1 rollout worker: colocated is the only layout (P:D needs rollout_workers >= 2)",

@@ -51,6 +51,9 @@ class SamplingConfig(Frozen):
 
 
 class EngineSettings(Frozen):
+    # torch: our engine (every role, KV hand-off and migration); vllm: vLLM in this process (the `vllm`
+    # extra, `make setup-vllm`; model smollm2-135m; mixed workers only: no PD layout, no KV migration).
+    kind: Literal["torch", "vllm"] = "torch"
     max_num_seqs: int = Field(default=64, ge=1, le=MAX_SEQS)
     max_batched_tokens: int = Field(default=1024, ge=16, le=MAX_TOKENS)
     kv_capacity_tokens: int = Field(default=65536, ge=64, le=MAX_TOKENS)
@@ -171,6 +174,8 @@ class TrainConfig(Frozen):
             raise ValueError("policy.borrow needs backend 'local' (the Ray backend keeps its first layout)")
         if p.tps not in (None, [1]):
             raise ValueError(f"policy.tps {p.tps}: pearl train's CPU workers run at tensor-parallel size 1 only")
+        if self.engine.kind == "vllm":
+            _check_vllm(self)
         if self.ray_address is not None:
             _check_ray_address(self.ray_address, self.backend)
         if self.group_size == 1 and not self.allow_single_sample:
@@ -195,6 +200,17 @@ class TrainConfig(Frozen):
     def batch_size(self) -> int:
         """Trajectories per trainer step (the staleness gate's B)."""
         return self.prompts_per_step * self.group_size
+
+
+def _check_vllm(cfg: "TrainConfig") -> None:
+    """What the vLLM engine cannot do (docs/engines.md), refused before anything loads."""
+    if cfg.layout == "1P:1D":
+        raise ValueError("engine.kind vllm serves mixed workers only: use layout colocated or auto")
+    if cfg.backend != "local":
+        raise ValueError("engine.kind vllm runs with backend 'local' (the Ray backend builds torch engines)")
+    if cfg.model != "smollm2-135m":
+        raise ValueError(f"engine.kind vllm: model {cfg.model!r} has no Hugging Face folder for vLLM; "
+                         "use model: smollm2-135m")
 
 
 _HOST_PORT = re.compile(r"(?:[A-Za-z0-9](?:[A-Za-z0-9.-]{0,252})|\[[0-9A-Fa-f:.]{2,45}\]):([0-9]{1,5})")
@@ -225,6 +241,14 @@ def check_names(cfg: TrainConfig) -> None:
     if cfg.model not in SOURCES:
         raise UnknownNameError("model", cfg.model, list(SOURCES))
     resolve(cfg.env.name)
+    if cfg.engine.kind == "vllm":
+        import importlib.util
+
+        from pearl.errors import ResourceError
+        from pearl.real.vllm_engine import VLLM_MISSING
+
+        if importlib.util.find_spec("vllm") is None:
+            raise ResourceError(VLLM_MISSING)
     if cfg.profile:
         from pearl.perf.profile import load_profile
 
