@@ -43,6 +43,7 @@ from rich.markup import escape
 from pearl.control.observation import TrainerIdle, TrainerNeedsDevices, TrainerObs
 from pearl.control.staleness import StalenessGate
 from pearl.errors import ConfigError, PearlError, one_line
+from pearl.runtime.engines import build_engine
 from pearl.runtime.real_layout import check_memory, choose_layout, control_setting, probe_workload
 from pearl.runtime.threads import host_cores, plan_threads
 from pearl.runtime.train_config import TrainConfig
@@ -151,16 +152,7 @@ class Run:
         return allowed
 
     def _engine(self, role: Any, i: int, share: Any = None) -> Any:
-        from pearl.real.engine import TorchEngine
-        from pearl.real.vllm_engine import VLLMEngine  # imports vllm only when an engine is built
-
-        es = self.cfg.engine
-        if es.kind == "vllm":
-            return VLLMEngine.from_loaded(self.loaded, role, max_num_seqs=es.max_num_seqs, wid=i, seed=self.cfg.seed + i,
-                                          max_batched_tokens=es.max_batched_tokens, kv_capacity_tokens=es.kv_capacity_tokens)
-        return TorchEngine(self.loaded, role, max_num_seqs=es.max_num_seqs, max_batched_tokens=es.max_batched_tokens,
-                           kv_capacity_tokens=es.kv_capacity_tokens, seed=self.cfg.seed + i, wid=i,
-                           share_weights_with=share, dtype=es.dtype, num_threads=self.threads.engine)
+        return build_engine(self.loaded, self.cfg.engine, role, i, self.cfg.seed + i, self.threads.engine, share)
 
     def _trainer(self, allowed: tuple[int, ...] | None) -> None:
         from pearl.rl.trainer import GRPOTrainer
