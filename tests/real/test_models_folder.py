@@ -142,3 +142,21 @@ def test_converted_smollm2_folder_generates_like_the_embedded_model(tmp_path):
         ga = a.hf_model.generate(x, max_new_tokens=8, do_sample=False)
         gb = b.hf_model.generate(x, max_new_tokens=8, do_sample=False)
     assert ga.tolist() == gb.tolist()
+
+
+def test_the_readme_config_trains_with_a_folder(folder, tmp_path, monkeypatch):
+    """README "Bring your model and your data": its my-task.yaml, with this tiny folder for the model
+    and 2 steps, runs from the repository root."""
+    import re
+
+    import yaml
+
+    text = (ROOT / "README.md").read_text()
+    section = text.split("## Bring your model and your data", 1)[1]
+    cfg = yaml.safe_load(re.search(r"```yaml\n(.*?)```", section, re.S).group(1))
+    assert cfg["model"] == "models/smollm2-135m" and cfg["env"]["name"] == "dataset"
+    cfg.update(model=str(folder), max_steps=2, group_size=4)
+    (tmp_path / "my-task.yaml").write_text(yaml.safe_dump(cfg))
+    monkeypatch.chdir(ROOT)
+    summary = run_training(tmp_path / "my-task.yaml", None, tmp_path / "run", Console(file=open("/dev/null", "w")))
+    assert summary["steps"] == 2 and summary["trajectories"]["failed"] == 0
