@@ -65,14 +65,14 @@ def main() -> None:
     t0 = time.perf_counter()
     greedy_texts = generate(loaded, prompts, args.max_new_tokens, 0.0, 0)
     greedy, outcomes = score(env, seeds, greedy_texts)
-    print(f"greedy outcomes {dict(outcomes)} ({time.perf_counter() - t0:.1f} s)")
+    print(f"greedy: {greedy:.3f} {dict(outcomes)} ({time.perf_counter() - t0:.1f} s)", flush=True)
     for s, text in list(zip(seeds, greedy_texts))[:4]:
-        print(f"  {env.question(s)[0]!r} -> {text!r}")
+        print(f"  {env.question(s)[0]!r} -> {text!r}", flush=True)
     sampled = []
     for k in range(args.samples):
         r, outcomes = score(env, seeds, generate(loaded, prompts, args.max_new_tokens, args.temperature, k + 1))
         sampled.append(r)
-        print(f"sampled (T={args.temperature}) #{k}: {r:.3f} {dict(outcomes)}")
+        print(f"sampled (T={args.temperature}) #{k}: {r:.3f} {dict(outcomes)}", flush=True)
     mean_sampled = sum(sampled) / max(1, len(sampled))
     print(f"start reward on {args.n} held-out prompts: greedy {greedy:.3f}, sampled {mean_sampled:.3f}")
 

@@ -21,9 +21,9 @@ def _value(text):
 
 def exact_match(completion: str, answer, **row) -> float:
     target = float(answer)
-    finals = FINAL.findall(completion)
-    if finals:
-        got = _value(finals[-1])
+    final = FINAL.search(completion)  # the first #### answer counts
+    if final:
+        got = _value(final.group(1))
         return 1.0 if got is not None and abs(got - target) < 1e-6 else 0.2
     numbers = NUMBER.findall(completion)
     last = _value(numbers[-1]) if numbers else None

@@ -151,6 +151,24 @@ CASES: list[tuple[str, str, str | bytes, tuple[str, ...]]] = [
     ("train-resume-not-a-run", "cli", "train --resume adir", ("--resume adir: no config.yaml there",)),
     ("train-resume-scalar-config", "cli", "train --resume abad", ("expected a mapping of fields",)),
     ("train-missing-config", "cli", "train nope.yaml --out run", ("nope.yaml: file not found",)),
+    ("train-model-folder-missing", "train", "model: ./nope\n", ("model './nope': no such folder",)),
+    ("train-model-folder-no-config", "train", "model: adir\n",
+     ("model 'adir': no config.json in the folder",)),
+    ("train-model-bad-mapping", "train", "model: {name: x}\n", ("expected a model name, a folder path, or {path: DIR}",)),
+    ("train-data-missing", "train", "env: {name: dataset, kwargs: {path: nope.jsonl, reward: 'rewards.py:exact'}}\n",
+     ("data 'nope.jsonl': no such file",)),
+    ("train-data-bad-json", "train", "env: {name: dataset, kwargs: {path: bad.jsonl, reward: 'rewards.py:exact'}}\n",
+     ("data 'bad.jsonl' line 2: not valid JSON",)),
+    ("train-data-bad-column", "train",
+     "env: {name: dataset, kwargs: {path: q.jsonl, reward: 'rewards.py:exact', prompt_field: question}}\n",
+     ("data 'q.jsonl': has no column 'question'; columns: prompt, answer",)),
+    ("train-reward-unimportable", "train", "env: {name: dataset, kwargs: {path: q.jsonl, reward: 'no_such_mod:f'}}\n",
+     ("reward 'no_such_mod:f': cannot import module 'no_such_mod'",)),
+    ("train-reward-no-function", "train", "env: {name: dataset, kwargs: {path: q.jsonl, reward: 'rewards.py:nope'}}\n",
+     ("reward 'rewards.py:nope': module 'rewards.py' has no attribute 'nope'",)),
+    ("train-reward-bad-signature", "train", "env: {name: dataset, kwargs: {path: q.jsonl, reward: 'rewards.py:two'}}\n",
+     ("reward 'rewards.py:two': does not accept (completion, prompt, answer)",)),
+    ("convert-gguf-not-empty", "cli", "convert-gguf adir2", ("convert-gguf: 'adir2' exists and is not an empty folder",)),
     # ---- options and overrides
     ("plan-devices-abc", "cli", "plan --devices abc", ("'--devices'", "'abc' is not an integer")),
     ("plan-devices-1e30", "cli", "plan --devices 1e30", ("'--devices'", "'1e30' is not an integer")),
@@ -195,6 +213,12 @@ def scratch(tmp_path, monkeypatch):
     (tmp_path / "arun" / "metrics.jsonl").write_text("")
     (tmp_path / "abad").mkdir()  # a run directory whose saved config is not a mapping
     (tmp_path / "abad" / "config.yaml").write_text("just a string\n")
+    (tmp_path / "adir2").mkdir()  # a non-empty directory
+    (tmp_path / "adir2" / "x").write_text("x\n")
+    (tmp_path / "q.jsonl").write_text('{"prompt": "1+1?", "answer": 2}\n')  # a prompt file and reward functions
+    (tmp_path / "bad.jsonl").write_text('{"prompt": "1+1?", "answer": 2}\n{"prompt": \n')
+    (tmp_path / "rewards.py").write_text("def exact(completion, answer, **row):\n    return 1.0\n\n"
+                                         "def two(completion, expected):\n    return 1.0\n")
     monkeypatch.chdir(tmp_path)
     return tmp_path
 

@@ -279,6 +279,19 @@ def profile(
     out.print(f"saved {output} ({prof.model} on {prof.hardware})")
 
 
+@app.command("convert-gguf")
+def convert_gguf(
+    out_dir: Path = typer.Argument(Path("models/smollm2-135m"), help="Folder to write (must not exist or be empty)."),
+) -> None:
+    """Write the embedded SmolLM2-135M-Instruct GGUF as a Hugging Face folder (config.json, safetensors,
+    tokenizer) that `model: DIR`, transformers and vLLM load offline."""
+    from pearl.real.models import convert_gguf as convert
+
+    with out.status("converting the embedded SmolLM2 GGUF"):
+        folder = convert(out_dir)
+    out.print(f"saved {folder}")
+
+
 def main(argv: list[str] | None = None) -> None:
     """Run the CLI. A user error (bad option, bad config, missing file) is one line on stderr,
     `error: <message>`, and exit code 2; never a traceback or a boxed usage panel."""

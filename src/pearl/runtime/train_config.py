@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 from typing import Any, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 import importlib.resources
 from pathlib import Path
@@ -100,7 +100,9 @@ class TrainPolicy(PolicyConfig):
 
 class TrainConfig(Frozen):
     name: str = Field(default="gridworld-tiny", min_length=1)
-    model: str = "tiny"
+    # An embedded model's name (`pearl.real.models.SOURCES`) or the path of a Hugging Face model folder
+    # (config.json, safetensors, tokenizer; Llama / Qwen2 / Qwen3); `{path: DIR}` is the same as `DIR`.
+    model: str = Field(default="tiny", min_length=1)
     env: EnvSpec = EnvSpec()
     max_steps: int = Field(default=40, ge=1, le=MAX_STEPS)
     prompts_per_step: int = Field(default=2, ge=1, le=MAX_TRAIN_BATCH)  # groups per trainer batch
@@ -161,6 +163,15 @@ class TrainConfig(Frozen):
                         data[role] = {**TrainConfig.model_fields["trainer"].default.model_dump(), **data[role]}
         return data
 
+    @field_validator("model", mode="before")
+    @classmethod
+    def _model_path(cls, v: Any) -> Any:
+        if isinstance(v, dict):
+            if set(v) != {"path"} or not isinstance(v["path"], str):
+                raise ValueError(f"expected a model name, a folder path, or {{path: DIR}}; got {v!r}")
+            return v["path"]
+        return v
+
     @model_validator(mode="after")
     def _check(self) -> "TrainConfig":
         if self.layout == "1P:1D" and self.rollout_workers < 2:
@@ -208,9 +219,9 @@ def _check_vllm(cfg: "TrainConfig") -> None:
         raise ValueError("engine.kind vllm serves mixed workers only: use layout colocated or auto")
     if cfg.backend != "local":
         raise ValueError("engine.kind vllm runs with backend 'local' (the Ray backend builds torch engines)")
-    if cfg.model != "smollm2-135m":
+    if cfg.model == "tiny":
         raise ValueError(f"engine.kind vllm: model {cfg.model!r} has no Hugging Face folder for vLLM; "
-                         "use model: smollm2-135m")
+                         "use model: smollm2-135m or a model folder")
 
 
 _HOST_PORT = re.compile(r"(?:[A-Za-z0-9](?:[A-Za-z0-9.-]{0,252})|\[[0-9A-Fa-f:.]{2,45}\]):([0-9]{1,5})")
@@ -235,11 +246,14 @@ def check_names(cfg: TrainConfig) -> None:
     """Unknown model / environment, a missing or bad profile -> a one-line PearlError, before any
     loading. (Lengths past the model's context are checked by `TrainConfig` itself.)"""
     from pearl.envs.loader import resolve
-    from pearl.real.models import SOURCES
+    from pearl.real.folders import read_folder_config
+    from pearl.real.models import SOURCES, is_model_path
     from pearl.errors import UnknownNameError
 
     if cfg.model not in SOURCES:
-        raise UnknownNameError("model", cfg.model, list(SOURCES))
+        if not is_model_path(cfg.model):
+            raise UnknownNameError("model", cfg.model, list(SOURCES))
+        read_folder_config(cfg.model)  # no folder, no config.json, no weights ... -> one line
     resolve(cfg.env.name)
     if cfg.engine.kind == "vllm":
         import importlib.util
@@ -256,8 +270,13 @@ def check_names(cfg: TrainConfig) -> None:
 
 
 def model_context(model: str) -> int | None:
-    """The positions `model` can attend over (its max_position_embeddings), if known."""
-    return MODEL_CONTEXT.get(model)
+    """The positions `model` can attend over (its max_position_embeddings), if known; a model folder's
+    from its config.json."""
+    if model in MODEL_CONTEXT:
+        return MODEL_CONTEXT[model]
+    from pearl.real.folders import folder_context
+
+    return folder_context(model)
 
 
 def default_config_text() -> str:
