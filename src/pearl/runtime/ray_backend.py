@@ -50,6 +50,20 @@ def token_auth() -> bool:
     return True
 
 
+def init_local(num_cpus: int | None = None) -> None:
+    """Start a local Ray instance on 127.0.0.1 only, with token authentication: what `pearl train`
+    does without an address (sized from this host's CPUs); tests start theirs with it too."""
+    from ray._private import ray_constants as rc
+
+    multi, rc.ENABLE_RAY_CLUSTER = rc.ENABLE_RAY_CLUSTER, False  # keep 127.0.0.1 (see RayBackend._connect)
+    try:
+        token_auth()
+        ray.init(num_cpus=num_cpus or len(os.sched_getaffinity(0)), include_dashboard=False, log_to_driver=False,
+                 _node_ip_address="127.0.0.1")
+    finally:
+        rc.ENABLE_RAY_CLUSTER = multi
+
+
 class RayBackend:
     """Joins or starts Ray (unless connected) and one `EngineWorker` actor per worker; `close` undoes both."""
 
@@ -104,9 +118,7 @@ class RayBackend:
             if addr:  # the joined cluster authenticates as it was started (see README, "Ray: ...")
                 ray.init(address=addr, log_to_driver=False, runtime_env={"py_modules": [str(PEARL_DIR)]})
             else:
-                token_auth()
-                ray.init(num_cpus=len(os.sched_getaffinity(0)), include_dashboard=False, log_to_driver=False,
-                         _node_ip_address="127.0.0.1")
+                init_local()
         except Exception as err:  # noqa: BLE001 - any start failure is the user's environment
             root = err.__cause__ or err  # a refused token: an AuthenticationError in the cause or in its text
             if addr and any(w in f"{err!r} {root!r}" for w in ("AuthenticationError", "InvalidAuthToken")):
@@ -159,4 +171,4 @@ class RayBackend:
         self.started = False
 
 
-__all__ = ["ELASTIC", "EngineProxy", "EngineWorker", "RayAgentLoop", "RayBackend", "token_auth"]
+__all__ = ["ELASTIC", "EngineProxy", "EngineWorker", "RayAgentLoop", "RayBackend", "init_local", "token_auth"]

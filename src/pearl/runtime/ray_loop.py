@@ -35,6 +35,8 @@ class RayAgentLoop(AgentLoop):
         self.workers_lost = 0
         self.resubmitted = 0
         self.failed_worker_lost = 0
+        self.closed: set[str] = set()  # trajectory ids finished (ok or failed): each at most once
+        self.closed_twice = 0
 
     @property
     def version(self) -> int:
@@ -177,6 +179,13 @@ class RayAgentLoop(AgentLoop):
             if self.engines[i].ready:
                 self.engines[i].drop_session(tid)  # fire-and-forget; the actor ignores sessions it lacks
 
+    def _close(self, ep: Episode) -> list[Group]:
+        if ep.traj.id in self.closed:  # never expected: counted (and ignored) so tests can see it
+            self.closed_twice += 1
+            return []
+        self.closed.add(ep.traj.id)
+        return super()._close(ep)
+
     # ------------------------------------------------------------ one pass
     def has_work(self) -> bool:
         return bool(self._closed) or super().has_work() or bool(self.starting())
@@ -227,5 +236,6 @@ class RayAgentLoop(AgentLoop):
     def engine_stats(self) -> dict[str, float]:
         out = super().engine_stats()
         out.update({"ray_workers_lost": self.workers_lost, "ray_trajectories_resubmitted": self.resubmitted,
-                    "ray_trajectories_failed_worker_lost": self.failed_worker_lost})
+                    "ray_trajectories_failed_worker_lost": self.failed_worker_lost,
+                    "ray_trajectories_finished_twice": self.closed_twice})
         return out
