@@ -8,7 +8,7 @@
 - Routing, stopping with migration, draining and role flips are the base loop's (the controller's
   actuators): requests leave a stopping worker with their KV (it travels through the object store)
   or resume from their tokens.
-- A worker that dies (`RayActorError`: its process was killed, or its node left) loses no trajectory:
+- A worker that dies (`WorkerGone`: its process was killed, or its node left) loses no trajectory:
   every session that had a request on it (the proxy's `sessions`) resumes its current turn from the
   collected tokens on a serving worker (the turn's partial output is resampled); with no serving worker
   and none starting, it fails with the reason. Outputs of a dead worker are never handled. `on_lost`
@@ -20,7 +20,7 @@ import time
 from typing import Any, Callable
 
 from pearl.runtime.agent import AgentLoop, Episode, Group
-from pearl.runtime.ray_worker import RayActorError, ray
+from pearl.runtime.ray_worker import WorkerGone, ray
 
 __all__ = ["RayAgentLoop"]
 
@@ -63,7 +63,7 @@ class RayAgentLoop(AgentLoop):
             try:
                 ray.get(c)
                 self.engines[i].version = version
-            except RayActorError:
+            except WorkerGone:
                 self._lost(i)
 
     def _poll_starting(self) -> None:
@@ -82,13 +82,17 @@ class RayAgentLoop(AgentLoop):
                 e.ready_ref = None
                 self._lost(i)
                 continue
-            parked, self.parked = self.parked, []
-            for req, kv in parked:
-                self._resubmit(req, kv)
-            waiting, self.waiting = self.waiting, []
-            for ep in waiting:
-                if ep.traj.id in self.episodes:
-                    self._submit(ep)
+            self._flush()
+
+    def _flush(self) -> None:
+        """Turns that waited for a worker: to the serving ones (or failed, if none serves or starts)."""
+        parked, self.parked = self.parked, []
+        for req, kv in parked:
+            self._resubmit(req, kv)
+        waiting, self.waiting = self.waiting, []
+        for ep in waiting:
+            if ep.traj.id in self.episodes:
+                self._submit(ep)
 
     # ------------------------------------------------------------ placement
     def _pick_engine(self) -> int:
@@ -106,7 +110,7 @@ class RayAgentLoop(AgentLoop):
             idx = ep.engine = self._pick()
         try:
             super()._submit(ep, kv, idx)
-        except RayActorError:
+        except WorkerGone:
             self._lost(idx)
             if ep.traj.id in self.episodes and ep.traj.id not in self.engines[idx].sessions:
                 self._submit(ep)  # from its tokens, elsewhere (the KV, if any, stayed with the dead worker)
@@ -127,17 +131,21 @@ class RayAgentLoop(AgentLoop):
             return
         try:
             super()._resubmit(req, kv)
-        except RayActorError:
+        except WorkerGone:  # the target died: find it (a ping each), then try the others
+            before = self.workers_lost
             for i in [j for j in self.live() if self.engines[j].ready]:
                 self._check(i)
-            if req.session in self.episodes and not any(req.session in self.engines[i].sessions
-                                                        for i in self.live()):
-                self._resubmit(req, kv)
+            ep = self.episodes.get(req.session)
+            if ep is not None and not any(req.session in self.engines[i].sessions for i in self.live()):
+                if self.workers_lost > before:
+                    self._resubmit(req, kv)
+                else:
+                    self._closed += self._fail(ep, "a Ray rollout worker refused the request")
 
     def _check(self, i: int) -> None:
         try:
             ray.get(self.engines[i].actor.ready.remote(), timeout=60)
-        except RayActorError:
+        except WorkerGone:
             self._lost(i)
         except ray.exceptions.GetTimeoutError:
             pass  # alive but busy
@@ -151,7 +159,7 @@ class RayAgentLoop(AgentLoop):
                     out.append((m.req, m.kv))
                 else:
                     out.append((e.abort(req.rid).req, None))
-        except RayActorError:
+        except WorkerGone:
             self._lost(i)  # what is still on it resumes from its tokens
         return out
 
@@ -162,16 +170,18 @@ class RayAgentLoop(AgentLoop):
             return 0
         self.stopped.add(i)
         self.draining.discard(i)
-        moved = self._take_out(i, migrate)
+        moved = self._take_out(i, migrate) if self.engines[i].ready else []  # a starting one holds nothing
         for req, kv in moved:
             self._resubmit(req, kv)
         self.engines[i].close()
+        if not self.starting():
+            self._flush()
         return len(moved)
 
     def set_role(self, i: int, role: Any) -> None:
         try:
             super().set_role(i, role)
-        except RayActorError:
+        except WorkerGone:
             self._lost(i)
 
     def _drop(self, tid: str) -> None:
@@ -205,7 +215,7 @@ class RayAgentLoop(AgentLoop):
                 continue
             try:
                 outs = self.engines[i].finish_step(ref)
-            except RayActorError:
+            except WorkerGone:
                 self._lost(i)
                 continue
             for out in outs:
@@ -232,6 +242,8 @@ class RayAgentLoop(AgentLoop):
             if ep is not None:
                 self.resubmitted += 1
                 self._submit(ep)
+        if not self.starting():
+            self._flush()
 
     def engine_stats(self) -> dict[str, float]:
         out = super().engine_stats()

@@ -18,12 +18,15 @@ from pearl.types import Role
 
 try:
     import ray
-    from ray.exceptions import RayActorError
+    from ray.exceptions import ActorUnschedulableError, RayActorError
+
+    # The worker is gone: its process died, its node left, or (placed on a node that left) it never ran.
+    WorkerGone: tuple[type[BaseException], ...] = (RayActorError, ActorUnschedulableError)
 except ImportError:  # pragma: no cover - ray is an optional dependency
     ray = None
-    RayActorError = RuntimeError  # type: ignore[misc,assignment]
+    WorkerGone = (RuntimeError,)
 
-__all__ = ["EngineProxy", "EngineWorker", "RayActorError", "ray"]
+__all__ = ["EngineProxy", "EngineWorker", "WorkerGone", "ray"]
 
 
 class EngineWorker:
@@ -156,7 +159,7 @@ class EngineProxy:
         if self.ready and self.actor is not None:
             try:
                 self._probe = ray.get(self.actor.probe.remote())
-            except RayActorError:
+            except WorkerGone:
                 pass
         return self._probe or (0, 0, None)
 

@@ -62,6 +62,7 @@ class RealControl:
         self.next_node = 1
         self.elastic_log: list[dict[str, Any]] = []  # what arrived, was noticed and left, when
         self.node_watch: Any = None
+        self.moved = {True: 0, False: 0}  # requests moved off stopped workers: with their KV / from tokens
         if hasattr(agent, "on_lost"):
             agent.on_lost = self._lost
         self.driver = ControlDriver(make_controller(policy, setting), self.clock, self, self.observe)
@@ -137,7 +138,7 @@ class RealControl:
         idx = self.engine_of.get(worker)
         if idx is None or idx in self.agent.stopped:
             return
-        self.agent.stop_engine(idx, migrate=migrate)
+        self.moved[bool(migrate)] += self.agent.stop_engine(idx, migrate=migrate)
         self._stopped(worker)
 
     def _stopped(self, worker: int) -> None:
@@ -226,7 +227,7 @@ class RealControl:
             wid = self.state.devices[d].worker
             idx = self.engine_of.get(wid) if wid is not None else None
             if idx is not None and idx not in self.agent.stopped:
-                self.agent.stop_engine(idx, migrate=False)
+                self.moved[False] += self.agent.stop_engine(idx, migrate=False)
         with self.lock:
             for d in live:
                 self.state.remove_device(self.clock.now, d, abrupt)
@@ -239,4 +240,5 @@ class RealControl:
         d = self.driver.decisions
         return {"policy": self.driver.name, "ticks": self.driver.ticks, "decisions": len(d),
                 "switches": sum(1 for x in d if x.get("switch")), "layout_final": str(self.state.shape()),
-                "workers_started": len(self.agent.engines), "elastic": self.elastic_log}
+                "workers_started": len(self.agent.engines), "elastic": self.elastic_log,
+                "requests_migrated": self.moved[True], "requests_resumed_from_tokens": self.moved[False]}
