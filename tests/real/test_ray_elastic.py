@@ -202,5 +202,6 @@ def test_a_ray_node_joining_and_leaving_mid_run_is_used_then_revoked(head, tmp_p
     ev = s["controller"]["elastic"]
     assert [e["event"] for e in ev] == ["added", "removed"] and ev[1]["abrupt"] is True, ev
     assert any(d["trigger"] == "1 elastic devices arrived" and d["switch"] for d in s["decisions"])
-    assert s["controller"]["workers_started"] == 2 and s["steps"] == 80
+    # (a worker started on the node as it left may die too: then it is started again elsewhere)
+    assert s["controller"]["workers_started"] >= 2 and s["steps"] == 80
     _books(s)

@@ -33,10 +33,14 @@ class NodeWatch:
         self.control.clock.at(self.control.clock.now, self.poll)
 
     def poll(self) -> None:
+        self.check()
+        self.control.clock.at(self.control.clock.now + self.poll_s, self.poll)
+
+    def check(self) -> None:
+        """Compare the cluster with what is known: joins and leaves become elastic events."""
         alive = elastic_nodes()
         for nid, count in alive.items():
             if nid not in self.known:
                 self.known[nid] = self.control.elastic_add(count, ray_node=nid)
         for nid in [n for n in self.known if n not in alive]:
             self.control.elastic_remove(self.known.pop(nid), abrupt=True)
-        self.control.clock.at(self.control.clock.now + self.poll_s, self.poll)

@@ -94,7 +94,7 @@ class RealControl:
             except queue.Empty:
                 return
             try:
-                self.driver.event(ev)
+                ev() if callable(ev) else self.driver.event(ev)
             finally:
                 done.set()
 
@@ -150,7 +150,10 @@ class RealControl:
         """A Ray worker died (its process, or its node): its device is free (unless gone); re-decide."""
         wid = self.wid_of.get(idx)
         if wid is not None:
+            devs = self.state.workers[wid].devices
             self._stopped(wid)
+            if self.node_watch is not None and any(d in self.ray_node for d in devs):
+                self.events.put((self.node_watch.check, threading.Event()))  # did its node leave? first
             self.events.put((Redecide(f"rollout worker {idx} died"), threading.Event()))
 
     def drain(self, worker: int) -> None:
