@@ -104,6 +104,18 @@ LOOPBACK_NODE = ("import sys\nfrom ray._private import ray_constants as rc, serv
                  "from ray.scripts.scripts import main\nsys.argv = ['ray', *sys.argv[1:]]\nmain()")
 
 
+# Waits until a rollout actor of the run (any namespace) named pearl-rollout-<idx>-* answers.
+ACTOR_UP = ("import sys, time, ray\nray.init(address=sys.argv[1], log_to_driver=False)\n"
+            "deadline = time.monotonic() + float(sys.argv[3])\nwhile time.monotonic() < deadline:\n"
+            "    for a in ray.util.list_named_actors(all_namespaces=True):\n"
+            "        if a['name'].startswith('pearl-rollout-' + sys.argv[2] + '-'):\n"
+            "            try:\n"
+            "                ray.get(ray.get_actor(a['name'], namespace=a['namespace']).ready.remote(), timeout=5)\n"
+            "                print('up'); sys.exit(0)\n"
+            "            except Exception:\n                pass\n"
+            "    time.sleep(0.5)\nsys.exit(1)")
+
+
 def _start_node(address, env, log):
     """A second raylet on this machine (127.0.0.1 only) offering one `pearl_elastic` unit, no CPUs."""
     cmd = [sys.executable, "-c", LOOPBACK_NODE, "start", "--address", address, "--block", "--node-ip-address",
@@ -169,7 +181,7 @@ def test_a_node_without_the_token_is_refused_and_gets_nothing(head, tmp_path):
 def test_a_ray_node_joining_and_leaving_mid_run_is_used_then_revoked(head, tmp_path):
     address, token = head
     out = tmp_path / "run"
-    sets = {"max_steps": 80, "prompts_per_step": 2, "group_size": 4, "rollout_workers": 1, "layout": "colocated",
+    sets = {"max_steps": 250, "prompts_per_step": 2, "group_size": 4, "rollout_workers": 1, "layout": "colocated",
             "policy.decision_interval_s": 0.5, "policy.min_dwell_s": 1.0, "policy.elastic": "true",
             "elastic.ray_nodes": "true", "elastic.poll_s": 0.5}
     args = [x for k, v in sets.items() for x in ("--set", f"{k}={v}")]
@@ -187,8 +199,12 @@ def test_a_ray_node_joining_and_leaving_mid_run_is_used_then_revoked(head, tmp_p
         with open(tmp_path / "node.log", "w") as log:
             node = _start_node(address, env, log)
         _wait_for(lambda: _nodes(address, token)["elastic"] == 1, 90, "the elastic node never joined")
+        # the controller starts worker 1 there: wait until it answers, then let it serve a few steps
+        up = subprocess.run([sys.executable, "-c", ACTOR_UP, address, "1", "240"], capture_output=True, text=True,
+                            env=_env(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=token), timeout=300)
+        assert up.returncode == 0, ("worker 1 never came up on the node", up.stderr[-2000:])
         s0 = steps()
-        _wait_for(lambda: steps() >= s0 + 10 or run.poll() is not None, 240, "the run stalled with the node")
+        _wait_for(lambda: steps() >= s0 + 5 or run.poll() is not None, 240, "the run stalled with the node")
         _stop_node(node)
         node = None
         assert run.poll() is None, "the run ended before the node left"
@@ -202,6 +218,7 @@ def test_a_ray_node_joining_and_leaving_mid_run_is_used_then_revoked(head, tmp_p
     ev = s["controller"]["elastic"]
     assert [e["event"] for e in ev] == ["added", "removed"] and ev[1]["abrupt"] is True, ev
     assert any(d["trigger"] == "1 elastic devices arrived" and d["switch"] for d in s["decisions"])
+    assert s["ray_workers_started_mid_run"] >= 1 and s["ray_workers_lost"] >= 1  # it served, then went
     # (a worker started on the node as it left may die too: then it is started again elsewhere)
-    assert s["controller"]["workers_started"] >= 2 and s["steps"] == 80
+    assert s["controller"]["workers_started"] >= 2 and s["steps"] == 250
     _books(s)

@@ -37,6 +37,7 @@ class RayAgentLoop(AgentLoop):
         self.failed_worker_lost = 0
         self.closed: set[str] = set()  # trajectory ids finished (ok or failed): each at most once
         self.closed_twice = 0
+        self.started_ready = 0  # workers started mid-run that came up and served
 
     @property
     def version(self) -> int:
@@ -76,6 +77,7 @@ class RayAgentLoop(AgentLoop):
             try:
                 e.version, e.pid = ray.get(done[0])
                 e.ready_ref = None
+                self.started_ready += 1
                 if self.latest is not None and self.latest[1] > e.version:
                     e.update_weights(*self.latest)
             except Exception:  # noqa: BLE001 - it died starting (its node left, its constructor raised)
@@ -249,5 +251,6 @@ class RayAgentLoop(AgentLoop):
         out = super().engine_stats()
         out.update({"ray_workers_lost": self.workers_lost, "ray_trajectories_resubmitted": self.resubmitted,
                     "ray_trajectories_failed_worker_lost": self.failed_worker_lost,
-                    "ray_trajectories_finished_twice": self.closed_twice})
+                    "ray_trajectories_finished_twice": self.closed_twice,
+                    "ray_workers_started_mid_run": self.started_ready})
         return out
