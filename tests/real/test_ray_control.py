@@ -96,10 +96,10 @@ def test_ray_worse_start_is_switched_for_real_and_nothing_is_lost(local_ray, tmp
 def test_ray_engine_process_killed_mid_run_completes(local_ray, tmp_path):
     killed = []
     t = killer(tmp_path, 1, random.Random(0).choice, killed)
-    s = run(tmp_path, max_steps=3, layout="colocated")
+    s = run(tmp_path, max_steps=2, layout="colocated")
     t.join(timeout=5)
     s["_dir"] = tmp_path
-    assert killed and s["steps"] == 3 and s["ray_workers_lost"] == 1
+    assert killed and s["steps"] == 2 and s["ray_workers_lost"] == 1
     books_balance(s)
 
 
