@@ -42,8 +42,8 @@ def _elastic_run(tmp_path, notice, **over):
     s = run_training(None, {**BASE, "elastic": _trace(tmp_path, *notice), **over}, out,
                      Console(file=open("/dev/null", "w")))
     c = s["controller"]
-    assert [e["event"] for e in c["elastic"]] == (["added", "notice", "removed"] if notice[2] is not None
-                                                  else ["added", "removed"]), c["elastic"]
+    want = ["added", "notice", "removed"] if notice[2] is not None else ["added", "removed"]
+    assert [e["event"] for e in c["elastic"]] == want, c["elastic"]
     arrived = [d for d in s["decisions"] if d["trigger"] == "1 elastic devices arrived"]
     assert arrived and arrived[0]["switch"] and arrived[0]["chosen"] == "colocated×2", s["decisions"]
     assert c["workers_started"] == 2 and c["layout_final"] == "colocated×1"  # back to the one worker
@@ -55,7 +55,8 @@ def _elastic_run(tmp_path, notice, **over):
 @pytest.mark.parametrize("notice", [pytest.param(2.0, id="notice"),
                                     pytest.param(None, id="abrupt", marks=pytest.mark.slow)])
 def test_local_trace_device_is_used_then_revoked(tmp_path, notice):
-    s = _elastic_run(tmp_path, (1, 5, notice), max_steps=10)
+    # the device comes at 0.5 s and goes at 3 s of the run, which takes well over 3 s (30 steps)
+    s = _elastic_run(tmp_path, (0.5, 3, notice), max_steps=30)
     if notice is None:
         assert s["controller"]["elastic"][-1]["abrupt"] is True
 

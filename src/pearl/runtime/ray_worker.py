@@ -11,7 +11,9 @@
 """
 from __future__ import annotations
 
+import dataclasses
 import os
+import time
 from typing import Any
 
 from pearl.types import Role
@@ -70,8 +72,8 @@ class EngineWorker:
             self.engine.drop_session(session)
 
     def probe(self) -> tuple[int, int, Any]:
-        """(load, KV tokens used, stats) in one round trip, for the controller's observation."""
-        return self.engine.load(), self.engine.kv_used(), self.engine.stats
+        """(load, KV tokens used, stats without the per-step log) in one round trip, for the controller."""
+        return self.engine.load(), self.engine.kv_used(), dataclasses.replace(self.engine.stats, step_log=[])
 
     def call(self, name: str, *args: Any, **kwargs: Any) -> Any:
         """Any other engine method (requests, migrate_out/in, abort, set_role, holds, ...)."""
@@ -90,6 +92,7 @@ class EngineProxy:
         self.sessions: set[str] = set()  # sessions with a request on the worker now
         self._has_work = False  # refreshed by every submit and step, so has_work() needs no round trip
         self._probe: tuple[int, int, Any] | None = None  # last (load, kv_used, stats) seen
+        self._probe_t = -1.0
 
     @property
     def ready(self) -> bool:
@@ -155,10 +158,12 @@ class EngineProxy:
         self.role = Role(role)
 
     def _probed(self) -> tuple[int, int, Any]:
-        """Load, KV use and stats; a worker that cannot answer (dead, or still starting) reports its last."""
-        if self.ready and self.actor is not None:
+        """Load, KV use and stats (one round trip serves one observation: reused for 50 ms); a worker
+        that cannot answer (dead, or still starting) reports its last."""
+        if self.ready and self.actor is not None and time.monotonic() - self._probe_t > 0.05:
             try:
                 self._probe = ray.get(self.actor.probe.remote())
+                self._probe_t = time.monotonic()
             except WorkerGone:
                 pass
         return self._probe or (0, 0, None)
@@ -179,7 +184,8 @@ class EngineProxy:
     def close(self) -> None:
         """Stop the actor (its CPU slot is free again); the last stats stay readable."""
         if self.actor is not None:
-            self._probed()
+            self._probe_t = -1.0
+            self._probed()  # the final stats
             try:
                 ray.kill(self.actor)
             except Exception:  # noqa: BLE001 - already gone
