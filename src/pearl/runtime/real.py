@@ -19,7 +19,7 @@ a fresh staleness window of trajectories first, on a PerfModel of this model on 
 defaults) and the env's typical turn shape. One worker is always colocated. The decision and its
 reason are printed at the start and saved as `layout_decision` in summary.json.
 
-During the run (local backend) the same `Controller` the simulator uses ticks on the wall clock every
+During the run the same `Controller` the simulator uses ticks on the wall clock every
 `policy.decision_interval_s` (`pearl.runtime.real_control.RealControl`): it measures the layout,
 re-decides, and may switch roles, ratio or worker count; every decision, "keep" included, is saved
 with its reason in summary.json (`decisions`); with `policy.borrow` it lends the trainer's slot to an
