@@ -55,7 +55,9 @@ def test_ray_two_steps_complete_within_eta(tmp_path):
 
 
 def test_ray_worker_killed_mid_run_loses_no_trajectory(tmp_path):
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    from pearl.runtime.ray_backend import init_local
+
+    init_local(num_cpus=2)  # 127.0.0.1 only, token auth
     try:
         killed = []
 

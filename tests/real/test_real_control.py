@@ -63,7 +63,7 @@ def test_fixed_policy_keeps_the_layout_and_decides_nothing(tmp_path):
     assert s["decisions"] == [] and s["controller"]["layout_final"] == "1P:1D"
 
 
-def test_elastic_devices_in_pearl_train_are_refused_in_one_line():
+def test_policy_elastic_without_an_elastic_source_is_refused_in_one_line():
     with pytest.raises(ConfigError) as e:
         load_train_config(None, {"policy": {"elastic": True}})
     assert "policy.elastic" in str(e.value) and "\n" not in str(e.value)

@@ -19,11 +19,12 @@ a fresh staleness window of trajectories first, on a PerfModel of this model on 
 defaults) and the env's typical turn shape. One worker is always colocated. The decision and its
 reason are printed at the start and saved as `layout_decision` in summary.json.
 
-During the run (local backend) the same `Controller` the simulator uses ticks on the wall clock every
+During the run the same `Controller` the simulator uses ticks on the wall clock every
 `policy.decision_interval_s` (`pearl.runtime.real_control.RealControl`): it measures the layout,
 re-decides, and may switch roles, ratio or worker count; every decision, "keep" included, is saved
 with its reason in summary.json (`decisions`); with `policy.borrow` it lends the trainer's slot to an
-extra worker while the trainer waits for its batch. The Ray backend keeps its first layout.
+extra worker while the trainer waits for its batch. With `backend: ray` the same controller drives the
+Ray actors; `elastic:` offers it devices from a trace or from Ray nodes that join.
 
 Every trajectory is counted exactly once as trained (ok), failed (with its reason), stale, or skipped
 (its update had a non-finite gradient).
@@ -176,18 +177,19 @@ class Run:
             self.backend = RayBackend(cfg, self.loaded, roles)
             self.engines, loop_cls = self.backend.engines, RayAgentLoop
         self.agent = loop_cls(self.engines, cfg.layout, make_env, self.sampling, cfg.group_size, cfg.env.timeout_s,
-                              cfg.env.use_system_prompt, env_workers=cfg.env.workers if cfg.backend == "local" else 0,
+                              cfg.env.use_system_prompt, env_workers=cfg.env.workers,
                               parallel_engines=cfg.engine.parallel_steps and cfg.backend == "local")
         self.layout = f"{cfg.layout} ({'+'.join(roles)})" + (" [ray]" if self.backend else "")
-        self.control = None
-        if cfg.backend == "local":
-            from pearl.runtime.real_control import RealControl
+        from pearl.runtime.real_control import RealControl
 
-            def make_engine(role: Any, idx: int) -> Any:
-                live = self.agent.live()
-                return self._engine(role, idx, share=self.agent.engines[live[0]] if live else None)
+        def make_engine(role: Any, idx: int, node: str | None) -> Any:
+            if self.backend is not None:  # a new actor; it pulls the newest weights from the object store
+                return self.backend.start_worker(role, idx, self.agent.latest, node)
+            live = self.agent.live()
+            return self._engine(role, idx, share=self.agent.engines[live[0]] if live else None)
 
-            self.control = RealControl(self.agent, cfg.policy, self.setting, make_engine, self._trainer_obs)
+        self.control = RealControl(self.agent, cfg.policy, self.setting, make_engine, self._trainer_obs)
+        self.control.elastic(cfg.elastic, cfg.seed)
 
     def _post(self, ev: Any, wait: bool) -> float:
         """A trainer event for the controller (only when borrowing is on); the seconds waited."""
@@ -210,7 +212,7 @@ class Run:
     def rollout(self) -> None:
         torch.set_num_threads(self.threads.engine)
         if self.control is not None:
-            self.control.driver.start()
+            self.control.begin()
         try:
             while not self.stop.is_set():
                 if self.control is not None:

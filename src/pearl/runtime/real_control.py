@@ -10,6 +10,15 @@ slot to a worker while the trainer waits for its batch and reclaim it. All actua
 rollout thread, between engine steps: the controller ticks there (`WallClock.run_due`), and the
 trainer's events (`TrainerIdle`, `TrainerNeedsDevices`) reach it through `post` / `handle_events`;
 the trainer waits until its device is back.
+
+The same actuators drive the Ray backend (`RayAgentLoop`: `make_engine` starts an actor, which takes
+turns once it has started). Elastic devices (pool elastic) come from an availability trace
+(`elastic_trace`: added, noticed and removed on the wall clock) or from Ray nodes that join and leave
+(`pearl.runtime.ray_elastic`); they reach the controller as `DevicesAdded` / `Notice` /
+`DevicesRemoved`, like the simulator's. A notice stops the workers on those devices with migration
+(the controller's rule); a removal stops what is still there, its requests resuming from their
+tokens. A Ray worker whose process dies is stopped in the cluster state (its device is free again)
+and the controller re-decides (`Redecide`).
 """
 from __future__ import annotations
 
@@ -19,21 +28,23 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from pearl.control.observation import DeviceObs, Observation, TrainerObs, WorkerObs
+from pearl.control.observation import (DeviceObs, DevicesAdded, DevicesRemoved, Notice, Observation, Redecide,
+                                      TrainerObs, WorkerObs)
 from pearl.control.policies import make_controller
 from pearl.control.state import ClusterState
 from pearl.runtime.clock import WallClock
 from pearl.runtime.driver import ControlDriver
+from pearl.runtime.elastic import Burst, trace
 from pearl.types import DeviceStatus, Pool, Role, WorkerPhase
 
 __all__ = ["RealControl"]
 
 
 class RealControl:
-    def __init__(self, agent: Any, policy: Any, setting: Any, make_engine: Callable[[Role, int], Any],
+    def __init__(self, agent: Any, policy: Any, setting: Any, make_engine: Callable[[Role, int, Any], Any],
                  trainer: Callable[[], TrainerObs], clock: WallClock | None = None):
-        """`agent`: the AgentLoop; `make_engine(role, wid)`: a new engine for a start; `trainer()`: the
-        trainer's state now."""
+        """`agent`: the AgentLoop; `make_engine(role, idx, node)`: a new engine for a start (`node`: the
+        Ray node id of the elastic devices it starts on, else None); `trainer()`: the trainer's state now."""
         self.agent, self.make_engine, self.trainer = agent, make_engine, trainer
         self.clock = clock or WallClock()
         self.state = ClusterState(check=False)
@@ -47,6 +58,13 @@ class RealControl:
             self._register(i, (self.rollout[i],), e.role)
         self._active_integral, self._last_t = 0.0, 0.0
         self.events: queue.Queue = queue.Queue()  # (event, done) from the trainer thread
+        self.ray_node: dict[int, str] = {}  # elastic device -> the Ray node it is on (ray_elastic)
+        self.next_node = 1
+        self.elastic_log: list[dict[str, Any]] = []  # what arrived, was noticed and left, when
+        self.node_watch: Any = None
+        self.moved = {True: 0, False: 0}  # requests moved off stopped workers: with their KV / from tokens
+        if hasattr(agent, "on_lost"):
+            agent.on_lost = self._lost
         controller = make_controller(policy, setting)
         if Role.PREFILL not in getattr(agent.engines[0], "roles", (Role.PREFILL,)) and hasattr(controller, "adapt_pd"):
             controller.adapt_pd = False  # engines that serve the mixed role only (vLLM): colocated layouts only
@@ -79,7 +97,7 @@ class RealControl:
             except queue.Empty:
                 return
             try:
-                self.driver.event(ev)
+                ev() if callable(ev) else self.driver.event(ev)
             finally:
                 done.set()
 
@@ -102,7 +120,8 @@ class RealControl:
         workers = []
         for idx in ag.live():
             e, w = ag.engines[idx], self.state.workers[self.wid_of[idx]]
-            workers.append(WorkerObs(w.id, w.devices, Role(e.role), WorkerPhase.SERVING, idx not in ag.draining,
+            phase = WorkerPhase.SERVING if getattr(e, "ready", True) else WorkerPhase.LOADING
+            workers.append(WorkerObs(w.id, w.devices, Role(e.role), phase, idx not in ag.draining,
                                      e.load(), e.kv_used()))
         tokens = sum(e.stats.tokens_decoded for e in ag.engines)
         return Observation(t, devices, tuple(workers), self.state.shape(), self.trainer(), tokens_generated=tokens,
@@ -115,7 +134,7 @@ class RealControl:
         if not all(st[d].status is DeviceStatus.FREE and st[d].notice_at is None for d in devices):
             return
         idx = len(self.agent.engines)
-        eng = self.make_engine(role, idx)
+        eng = self.make_engine(role, idx, self.ray_node.get(devices[0]))
         self.agent.add_engine(eng)
         self._register(idx, devices, role)
 
@@ -123,9 +142,23 @@ class RealControl:
         idx = self.engine_of.get(worker)
         if idx is None or idx in self.agent.stopped:
             return
-        self.agent.stop_engine(idx, migrate=migrate)
+        self.moved[bool(migrate)] += self.agent.stop_engine(idx, migrate=migrate)
+        self._stopped(worker)
+
+    def _stopped(self, worker: int) -> None:
         with self.lock:
-            self.state.stop_worker(self.clock.now, worker)
+            if self.state.workers[worker].phase is not WorkerPhase.STOPPED:
+                self.state.stop_worker(self.clock.now, worker)
+
+    def _lost(self, idx: int) -> None:
+        """A Ray worker died (its process, or its node): its device is free (unless gone); re-decide."""
+        wid = self.wid_of.get(idx)
+        if wid is not None:
+            devs = self.state.workers[wid].devices
+            self._stopped(wid)
+            if self.node_watch is not None and any(d in self.ray_node for d in devs):
+                self.events.put((self.node_watch.check, threading.Event()))  # did its node leave? first
+            self.events.put((Redecide(f"rollout worker {idx} died"), threading.Event()))
 
     def drain(self, worker: int) -> None:
         idx = self.engine_of.get(worker)
@@ -150,8 +183,69 @@ class RealControl:
             for d in devices:
                 self.state.reclaim(self.clock.now, d)
 
+    def begin(self) -> None:
+        """On the rollout thread, as the run starts: the controller's first tick, the node watch."""
+        self.driver.start()
+        if self.node_watch is not None:
+            self.node_watch.start()
+
+    # ------------------------------------------------------------------ elastic devices
+    def elastic(self, cfg: Any, seed: int) -> None:
+        """The run's `elastic:` section: its availability trace on the wall clock (times from the start
+        of the run); with `ray_nodes`, Ray nodes offering `pearl_elastic` are watched."""
+        for b in trace(cfg.trace, cfg.horizon_s, seed):
+            self.clock.at(b.t_add, self._burst, b)
+        if cfg.ray_nodes:
+            from pearl.runtime.ray_elastic import NodeWatch
+
+            self.node_watch = NodeWatch(self, cfg.poll_s)
+
+    def _burst(self, b: Burst) -> None:
+        devs = self.elastic_add(b.count)
+        if b.notice_s is not None:
+            self.clock.at(max(self.clock.now, b.t_remove - b.notice_s), self.elastic_notice, devs, b.t_remove)
+        self.clock.at(b.t_remove, self.elastic_remove, devs, b.notice_s is None)
+
+    def elastic_add(self, count: int, ray_node: str | None = None) -> list[int]:
+        """`count` elastic devices join (on one new node) and are offered to the controller."""
+        t, node = self.clock.now, self.next_node
+        self.next_node += 1
+        with self.lock:
+            devs = [self.state.add_device(t, Pool.ELASTIC, node=node) for _ in range(count)]
+        for d in devs:
+            if ray_node is not None:
+                self.ray_node[d] = ray_node
+        self.elastic_log.append({"t": round(t, 3), "event": "added", "devices": devs})
+        self.driver.event(DevicesAdded(tuple(devs)))
+        return devs
+
+    def elastic_notice(self, devs: list[int], at: float) -> None:
+        live = [d for d in devs if self.state.devices[d].status is not DeviceStatus.GONE]
+        with self.lock:
+            for d in live:
+                self.state.notice(self.clock.now, d, at)
+        self.elastic_log.append({"t": round(self.clock.now, 3), "event": "notice", "devices": live, "at": at})
+        self.driver.event(Notice(tuple(live), at))
+
+    def elastic_remove(self, devs: list[int], abrupt: bool) -> None:
+        """The devices are gone: workers still on them stop, their requests resume from their tokens."""
+        live = [d for d in devs if self.state.devices[d].status is not DeviceStatus.GONE]
+        for d in live:
+            wid = self.state.devices[d].worker
+            idx = self.engine_of.get(wid) if wid is not None else None
+            if idx is not None and idx not in self.agent.stopped:
+                self.moved[False] += self.agent.stop_engine(idx, migrate=False)
+        with self.lock:
+            for d in live:
+                self.state.remove_device(self.clock.now, d, abrupt)
+        self.elastic_log.append({"t": round(self.clock.now, 3), "event": "removed", "devices": live,
+                                 "abrupt": abrupt})
+        self.driver.event(DevicesRemoved(tuple(live)))
+
     # ------------------------------------------------------------------ results
     def summary(self) -> dict[str, Any]:
         d = self.driver.decisions
         return {"policy": self.driver.name, "ticks": self.driver.ticks, "decisions": len(d),
-                "switches": sum(1 for x in d if x.get("switch")), "layout_final": str(self.state.shape())}
+                "switches": sum(1 for x in d if x.get("switch")), "layout_final": str(self.state.shape()),
+                "workers_started": len(self.agent.engines), "elastic": self.elastic_log,
+                "requests_migrated": self.moved[True], "requests_resumed_from_tokens": self.moved[False]}

@@ -18,6 +18,7 @@ from pearl.config import ControllerConfig
 from pearl.config import (MAX_DURATION_S, MAX_GROUP, MAX_SEED, MAX_SEQS, MAX_STALENESS, MAX_STEPS, MAX_TOKENS,
                           Frozen, PolicyConfig, deep_merge, parse_config, read_yaml)
 from pearl.rl.trainer import TrainerConfig
+from pearl.runtime.train_elastic import TrainElastic
 
 MAX_TRAIN_BATCH = 65536  # trajectories per trainer step (prompts_per_step x group_size)
 MAX_WORKERS = 1024  # rollout workers
@@ -126,8 +127,9 @@ class TrainConfig(Frozen):
     # The controller ticked on the wall clock during the run (`pearl.control`): `pearl` re-decides
     # the layout every `decision_interval_s` (decisions in summary.json); `fixed` keeps the first one.
     # `policy.borrow: true` lends the trainer's core to an extra rollout worker while it waits for
-    # its batch. Elastic devices are not available to `pearl train` yet.
+    # its batch. `policy.elastic: true` starts workers on the elastic devices of `elastic:`.
     policy: TrainPolicy = TrainPolicy()
+    elastic: TrainElastic = TrainElastic()  # elastic devices: a trace and/or Ray nodes (runtime/train_elastic.py)
     backend: Literal["local", "ray"] = "local"  # ray: each rollout worker is a Ray actor (may span machines)
     # backend ray: join this running Ray cluster ("auto": the one started on this machine with `ray start`,
     # or HOST:PORT, its head's GCS address; `pearl train --address` sets it), else start a local instance.
@@ -179,10 +181,13 @@ class TrainConfig(Frozen):
         p = self.policy
         if p.name not in ("pearl", "fixed"):
             raise ValueError(f"policy.name {p.name!r}: pearl train runs 'pearl' or 'fixed'")
-        if p.elastic:
-            raise ValueError("policy.elastic is not supported by pearl train yet (set it to false)")
+        if p.elastic != self.elastic.enabled:
+            raise ValueError("policy.elastic needs an elastic: source (elastic.trace or elastic.ray_nodes)"
+                             if p.elastic else "elastic: devices are used only with policy.elastic: true")
+        if self.elastic.ray_nodes and self.backend != "ray":
+            raise ValueError("elastic.ray_nodes needs backend: ray")
         if p.borrow and self.backend != "local":
-            raise ValueError("policy.borrow needs backend 'local' (the Ray backend keeps its first layout)")
+            raise ValueError("policy.borrow needs backend 'local' (the trainer's slot is not lent to Ray actors)")
         if p.tps not in (None, [1]):
             raise ValueError(f"policy.tps {p.tps}: pearl train's CPU workers run at tensor-parallel size 1 only")
         if self.engine.kind == "vllm":

@@ -182,8 +182,7 @@ def summarize(history: list[dict[str, Any]], run: Run, wall_s: float) -> dict[st
             "staleness_eta": run.cfg.staleness, "staleness_max": max(st, default=0),
             "staleness_mean": mean([float(x) for x in st]) or 0.0, "layout_decision": run.layout_decision,
             "trainer_device_wait_max_s": round(max(run.device_waits, default=0.0), 4),
-            "controller": run.control.summary() if run.control else {"policy": "fixed", "note": "the ray backend "
-                                                                     "keeps its first layout"},
+            "controller": run.control.summary(),
             "decisions": run.control.driver.decisions if run.control else [],
             **run.agent.engine_stats()}
 
