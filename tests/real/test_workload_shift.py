@@ -7,7 +7,7 @@ believed and predicted at each tick.
 What this does NOT show (measured, docs/results.md "Workload shift in a real run"): a layout switch
 after the shift. On the CPU profile with tensor-parallel-1 workers, colocated is predicted best for
 every workload shape tried (2-4 workers; one-token to 512-token responses, 40- to 2000-token
-observations), so a correct controller keeps it; the pure-controller switch on a shift is
+observations; benchmarks/cpu_layout_shift.py: 0 of 27 shapes), so a correct controller keeps it; the pure-controller switch on a shift is
 tests/control/test_estimate.py::test_a_workload_shift_changes_the_prediction_and_the_layout."""
 import json
 
