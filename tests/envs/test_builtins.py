@@ -18,6 +18,7 @@ VARIANTS = [
     ("calculator", {}), ("calculator", {"n_operands": 2, "ops": "*", "max_value": 99}),
     ("gridworld", {}), ("gridworld", {"size": 6, "n_maps": 4, "actions": "letters"}),
     ("guess", {}), ("guess", {"low": 0, "high": 100}),
+    ("gridworld-shift", {"shift_after": 0, "pad": 40, "run": "contract"}),
 ]
 
 

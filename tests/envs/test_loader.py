@@ -59,7 +59,7 @@ class BadActions(EchoEnv):
 
 
 def test_builtins_load_and_take_kwargs():
-    assert sorted(BUILTIN_ENVS) == ["arith", "calculator", "dataset", "gridworld", "guess"]
+    assert sorted(BUILTIN_ENVS) == ["arith", "calculator", "dataset", "gridworld", "gridworld-shift", "guess"]
     assert isinstance(load_env("gridworld", size=5), GridWorldEnv)
     assert load_env("gridworld", size=5).size == 5
     assert isinstance(load_env(" calculator "), CalculatorEnv)
@@ -72,7 +72,7 @@ def test_dotted_paths_load_classes_and_factories():
 
 
 @pytest.mark.parametrize("spec, kwargs, err, match", [
-    ("chess", {}, UnknownNameError, "unknown environment 'chess'; known: arith, calculator, dataset, gridworld, guess"),
+    ("chess", {}, UnknownNameError, "unknown environment 'chess'; known: arith, calculator, dataset, gridworld, gridworld-shift, guess"),
     ("no_such_pkg.envs:X", {}, ConfigError, "cannot import module 'no_such_pkg.envs'"),
     ("pearl.envs.gridworld:Nope", {}, ConfigError, "has no attribute 'Nope'"),
     ("pearl.envs.gridworld:MOVES", {}, ConfigError, "not a class or factory"),

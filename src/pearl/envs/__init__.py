@@ -2,6 +2,7 @@
 
 Built-ins: `arith` (single-turn arithmetic, "#### <answer>", format-aware reward), `calculator`
 (arithmetic with a calculator tool), `gridworld` (FrozenLake-style grid with a fixed action set),
+`gridworld-shift` (the same game whose observations grow after N episodes: a workload shift),
 `guess` (number guessing, "higher"/"lower"), and `dataset` (single-turn prompts from a JSONL or
 Parquet file graded by a Python reward function named by path, `pearl.envs.dataset`). Load any of them, or a user's
 class by dotted path, with `load_env`. This package imports nothing from `pearl.rl` or the engines.

@@ -23,6 +23,7 @@ BUILTIN_ENVS: dict[str, str] = {
     "calculator": "pearl.envs.calculator:CalculatorEnv",
     "dataset": "pearl.envs.dataset:DatasetEnv",
     "gridworld": "pearl.envs.gridworld:GridWorldEnv",
+    "gridworld-shift": "pearl.envs.shift:ShiftingGridEnv",
     "guess": "pearl.envs.guess:GuessNumberEnv",
 }
 

@@ -1,0 +1,41 @@
+"""A real `pearl train` run whose workload shifts mid-run: `gridworld-shift` observations grow ~10x
+after the first batch of episodes. The controller is not told: it learns the workload from finished
+trajectories (`policy.controller.estimate`, a small window refreshed often so a short CPU run sees the
+shift) and re-predicts every candidate layout; the decision records in summary.json show what it
+believed and predicted at each tick.
+
+What this does NOT show (measured, docs/results.md "Workload shift in a real run"): a layout switch
+after the shift. On the CPU profile with tensor-parallel-1 workers, colocated is predicted best for
+every workload shape tried (2-4 workers; one-token to 512-token responses, 40- to 2000-token
+observations; benchmarks/cpu_layout_shift.py: 0 of 27 shapes), so a correct controller keeps it; the pure-controller switch on a shift is
+tests/control/test_estimate.py::test_a_workload_shift_changes_the_prediction_and_the_layout."""
+import json
+
+import pytest
+from rich.console import Console
+
+from pearl.runtime.training import run_training
+
+pytest.importorskip("transformers")
+
+
+def test_the_controller_learns_a_shift_in_a_real_run_and_re_predicts_every_layout(tmp_path):
+    over = {"max_steps": 3, "prompts_per_step": 2, "group_size": 4, "rollout_workers": 2,
+            "env": {"name": "gridworld-shift", "kwargs": {"shift_after": 8, "pad": 300, "run": str(tmp_path)}},
+            "policy": {"decision_interval_s": 0.5, "min_dwell_s": 1.0,
+                       "controller": {"estimate": {"window": 8, "refresh": 4, "prior_weight": 0}}}}
+    run_training(None, over, tmp_path, Console(file=open("/dev/null", "w")))
+    saved = json.loads((tmp_path / "summary.json").read_text())
+    layout = [d for d in saved["decisions"] if d.get("kind") == "layout" or "candidates" in d]
+    before = [d for d in layout if d["estimate"]["trajectories"] == 0]
+    after = [d for d in layout if d["estimate"]["trajectories"] > 0]
+    assert before and after, [d["estimate"] for d in layout]
+    obs0, obs1 = before[0]["estimate"]["observation_tokens"], after[-1]["estimate"]["observation_tokens"]
+    assert obs1 > 5 * obs0, (obs0, obs1)  # learned from the run's own trajectories, not the probe
+    # the same layouts, re-predicted on the learned workload: every candidate's time grew
+    p0, p1 = dict((c[0], c[1]) for c in before[0]["candidates"]), dict((c[0], c[1]) for c in after[-1]["candidates"])
+    assert set(p0) == set(p1) == {"colocated×2", "1P:1D"}
+    assert all(p1[k] > 5 * p0[k] for k in p0), (p0, p1)
+    assert after[-1]["current_pred_s"] > 5 * before[0]["current_pred_s"]
+    for d in layout:  # each decision says what it would switch to, and why
+        assert d["current"] and d["chosen"] and d["reason"].startswith(d["rule"])
