@@ -17,7 +17,7 @@ from pearl.control.controller import ControlSetting, Controller
 from pearl.control.observation import Effects, Event, Observation
 from pearl.control.plan_static import PlanStatic
 
-__all__ = ["RLBoostPlus", "RollPartial", "StaticController", "make_controller"]
+__all__ = ["RLBoostPlus", "RollPartial", "StaticController", "given_declared_workload", "make_controller"]
 
 
 class StaticController:
@@ -62,12 +62,18 @@ class RollPartial(Controller):
         return super().decide(obs, why)
 
 
+def given_declared_workload(name: str) -> bool:
+    """Whether policy `name` plans from the scenario's declared workload (as a user running `pearl plan`
+    before the run would): only `plan-static`. The adaptive policies learn it (`control.estimate`)."""
+    return PlanStatic.name == name
+
+
 def make_controller(policy: PolicyConfig, setting: ControlSetting | None) -> Controller | StaticController:
     """The controller for `policy.name`. `setting` may be None for the static policies."""
     if policy.name in ("fixed", "static-pd"):
         return StaticController(policy)
     if setting is None:
         raise ValueError(f"policy {policy.name!r} needs a ControlSetting")
-    if policy.name == "plan-static":  # the layout `pearl plan` ranks best, kept (control/plan_static.py)
+    if policy.name == PlanStatic.name:  # the layout `pearl plan` ranks best, kept (control/plan_static.py)
         return PlanStatic(policy, setting)
     return {"pearl": Controller, "rlboost+": RLBoostPlus, "roll-partial": RollPartial}[policy.name](policy, setting)

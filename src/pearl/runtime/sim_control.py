@@ -10,7 +10,7 @@ from typing import Any
 from pearl.control.controller import ControlSetting
 from pearl.control.observation import (DeviceObs, DevicesAdded, DevicesRemoved, Notice, Observation, TrainerObs,
                                        WorkerObs)
-from pearl.control.policies import make_controller
+from pearl.control.policies import given_declared_workload, make_controller
 from pearl.control.predictor import WorkloadStats
 from pearl.runtime.driver import ControlDriver
 from pearl.types import DeviceStatus, LayoutShape, Mode, Pool, Role
@@ -36,7 +36,7 @@ class SimControl:
         if policy.name not in ("fixed", "static-pd"):  # no oracle: the controller learns the workload
             # and the elastic lifetimes from what it observes (control.estimate); plan-static is the user who
             # runs `pearl plan` on the declared workload before the run, so it is given that workload's stats.
-            stats = WorkloadStats.from_workload(sim.workload) if policy.name == "plan-static" else None
+            stats = WorkloadStats.from_workload(sim.workload) if given_declared_workload(policy.name) else None
             setting = ControlSetting(
                 perf_for=sim.perf_for, engine=sim.cfg.engine, stats=stats, batch_size=sim.batch_trajs,
                 staleness=sim.cfg.rl.staleness, devices_per_node=sim.cfg.cluster.devices_per_node,
