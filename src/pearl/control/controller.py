@@ -331,12 +331,12 @@ class Controller:
         tr = obs.trainer
         if not self.cfg.borrow or tr.groups_ready >= tr.groups_needed:
             return Effects()
-        gaps = [b - a for a, b in zip(tr.batch_ready_t, tr.batch_ready_t[1:])][-3:]
-        if not gaps or not tr.batch_ready_t:
+        ready = tr.batch_ready_t if len(tr.batch_ready_t) > 1 else (0.0, *tr.batch_ready_t)  # 0: the run's start
+        gaps = [b - a for a, b in zip(ready, ready[1:])][-3:]
+        if not gaps:
             return Effects()
-        t, idle_until = obs.t, tr.batch_ready_t[-1] + sum(gaps) / len(gaps)
-        devs = tuple(tr.devices)
-        eff = Effects()
+        t, idle_until = obs.t, ready[-1] + sum(gaps) / len(gaps)  # the next batch: as far as the last ones
+        devs, eff = tuple(tr.devices), Effects()
         if self.cost_model:
             gain, role = self._lend_gain(obs, len(devs))
             ret_cost = self.costs.stop_s + self.costs.migrate_request_s * self.k.return_requests

@@ -18,7 +18,8 @@ the engines' steps run on a thread each, their outputs handled in engine order.
 Routing follows the workers' roles, so the layout may change during a run: while a prefill and a
 decode worker both serve, a turn starts on a prefill worker and its KV is handed to a decode worker
 when the prefill ends; otherwise turns run on mixed (or decode) workers. An episode keeps its worker
-while that worker serves its kind of turn (prefix reuse); new episodes go round-robin. Workers can
+while that worker serves its kind of turn (prefix reuse); new episodes go round-robin, and a worker
+that joins takes its share of the episodes in flight (`pearl.runtime.agent_routing`). Workers can
 be added (`add_engine`), drained, stopped (`stop_engine`: in-flight requests move with their KV or
 resume elsewhere from their tokens) and given a new role (`set_role`): the real runtime's actuators
 (`pearl.runtime.real_control`). Weights arrive through `offer_weights`, applied between engine steps.
@@ -28,16 +29,16 @@ from __future__ import annotations
 import itertools
 import threading
 import time
-import zlib
 from collections import deque
 from concurrent import futures as cf
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from pearl.envs import EnvRunner
-from pearl.errors import EnvironmentFailure, PearlError, ResourceError, one_line
+from pearl.errors import EnvironmentFailure, ResourceError, one_line
 from pearl.real.engine_api import Output, RolloutEngine
 from pearl.real.sampling import SamplingParams
+from pearl.runtime.agent_routing import Routing
 from pearl.rl.trajectory import Group, Status, Trajectory
 from pearl.types import Role
 from pearl.workloads import TrajectorySpec
@@ -53,10 +54,11 @@ class Episode:
     env_t0: float = 0.0
 
 
-class AgentLoop:
+class AgentLoop(Routing):
     def __init__(self, engines: list[RolloutEngine], layout: str, make_env: Callable[[], Any],
                  sampling: SamplingParams, group_size: int, env_timeout_s: float | None,
-                 use_system_prompt: bool = True, env_workers: int = 0, parallel_engines: bool = False):
+                 use_system_prompt: bool = True, env_workers: int = 0, parallel_engines: bool = False,
+                 seed: int | None = None):
         """`env_workers` > 0: environment resets and steps run on a pool of that many threads, off the
         rollout thread (one slow or hung environment delays only its own trajectory); 0: inline, in
         a fixed order (reproducible, but a slow step holds up everything). `parallel_engines`: the
@@ -68,6 +70,7 @@ class AgentLoop:
         self.draining: set[int] = set()  # engine indices taking no new turns (about to stop)
         self.parked: list[tuple[Any, Any]] = []  # (request, kv) waiting for a worker to serve them
         self.make_env, self.params, self.group_size = make_env, sampling, group_size
+        self.seed = seed  # per-trajectory sampling seeds (`params_for`); None: each engine's own generator
         self.env_timeout_s, self.use_system_prompt = env_timeout_s, use_system_prompt
         self.tok = engines[0].tokenizer
         self.episodes: dict[str, Episode] = {}
@@ -75,6 +78,7 @@ class AgentLoop:
         self._last_weights: tuple[dict, int] | None = None
         self._lock = threading.Lock()
         self._rr = 0
+        self.rebalanced = 0  # episodes moved onto workers that joined mid-batch (`rebalance`)
         self._turn_end = self._glue()
         self.tokens_generated = 0
         self.tokens_env = 0
@@ -198,38 +202,13 @@ class AgentLoop:
         out, self._closed = self._closed, []
         return out
 
-    # ------------------------------------------------------------ routing by role
-    def serving(self, *roles: Role) -> list[int]:
-        """Indices of the engines taking new turns in one of `roles`."""
-        return [i for i, e in enumerate(self.engines)
-                if i not in self.stopped and i not in self.draining and e.role in roles]
-
-    def turn_targets(self) -> list[int]:
-        """Where a turn starts: a prefill worker while prefill and decode workers both serve, else a
-        mixed (or decode, or as a last resort prefill) worker."""
-        pre, dec = self.serving(Role.PREFILL), self.serving(Role.DECODE)
-        if pre and dec:
-            return pre
-        return self.serving(Role.MIXED, Role.DECODE) or pre
-
-    def decode_targets(self) -> list[int]:
-        """Where a turn whose prefill is done continues."""
-        return self.serving(Role.DECODE) or self.serving(Role.MIXED) or self.serving(Role.PREFILL)
-
-    def _pick_engine(self) -> int:
-        cands = self.turn_targets()
-        if not cands:
-            raise PearlError("no rollout worker is serving: the layout has no worker that can start a turn")
-        self._rr = (self._rr + 1) % len(cands)
-        return cands[self._rr]
-
     def _submit(self, ep: Episode, kv: Any = None, engine: int | None = None) -> None:
         t = ep.traj
         if engine is None and ep.engine not in self.turn_targets():
             ep.engine = self._pick_engine()  # its worker left or changed role
         e = self.engines[ep.engine if engine is None else engine]
         try:
-            e.add_request(t.token_ids, self.params, session=t.id, rid=f"{t.id}:{t.turns}", kv=kv)
+            e.add_request(t.token_ids, self.params_for(t.id), session=t.id, rid=f"{t.id}:{t.turns}", kv=kv)
         except ResourceError as err:  # e.g. an observation too large for the context: this trajectory only
             self._closed += self._fail(ep, one_line(str(err)))
 
@@ -246,6 +225,7 @@ class AgentLoop:
         parked, self.parked = self.parked, []
         for req, kv in parked:
             self._resubmit(req, kv)
+        self.rebalanced += self.rebalance(len(self.engines) - 1)
         return len(self.engines) - 1
 
     def _take_out(self, i: int, migrate: bool) -> list[tuple[Any, Any]]:
@@ -258,19 +238,6 @@ class AgentLoop:
             else:
                 out.append((e.abort(req.rid).req, None))
         return out
-
-    def _resubmit(self, req: Any, kv: Any) -> None:
-        """Continue a request elsewhere: a turn still prefilling starts again where turns start; one
-        that is decoding continues on a decode-capable worker (with its KV if it travelled)."""
-        cands = self.decode_targets() if req.num_generated > 0 else self.turn_targets()
-        if not cands:
-            self.parked.append((req, kv))
-            return
-        i = cands[zlib.crc32(req.session.encode()) % len(cands)]  # stable across processes
-        self.engines[i].submit(req, self.params, kv=kv)
-        ep = self.episodes.get(req.session)
-        if ep is not None and i in self.turn_targets():
-            ep.engine = i
 
     def stop_engine(self, i: int, migrate: bool = True) -> int:
         """Stop worker `i`: its requests move (KV with them if `migrate`) or resume elsewhere from their

@@ -85,6 +85,16 @@ class RayAgentLoop(AgentLoop):
                 self._lost(i)
                 continue
             self._flush()
+            self.rebalanced += self.rebalance(i)  # it takes its share of the episodes in flight
+
+    def _move(self, src: int, dst: int, ep: Episode, rid: str | None) -> None:
+        try:
+            super()._move(src, dst, ep, rid)
+        except WorkerGone:  # one end died mid-move: find it; the turn starts again from its tokens
+            for i in (src, dst):
+                self._check(i)
+            if ep.traj.id in self.episodes and not any(ep.traj.id in self.engines[i].sessions for i in self.live()):
+                self._submit(ep)
 
     def _flush(self) -> None:
         """Turns that waited for a worker: to the serving ones (or failed, if none serves or starts)."""

@@ -178,7 +178,7 @@ class Run:
             self.engines, loop_cls = self.backend.engines, RayAgentLoop
         self.agent = loop_cls(self.engines, cfg.layout, make_env, self.sampling, cfg.group_size, cfg.env.timeout_s,
                               cfg.env.use_system_prompt, env_workers=cfg.env.workers,
-                              parallel_engines=cfg.engine.parallel_steps and cfg.backend == "local")
+                              parallel_engines=cfg.engine.parallel_steps and cfg.backend == "local", seed=cfg.seed)
         self.layout = f"{cfg.layout} ({'+'.join(roles)})" + (" [ray]" if self.backend else "")
         from pearl.runtime.real_control import RealControl
 
