@@ -2,6 +2,12 @@
 worker, 2 CPU cores) with the trainer's core never lent (`policy.borrow: false`, the fixed baseline)
 and with PEARL lending it to an extra rollout worker while the trainer waits for its batch.
 
+Each trajectory samples from its own seed (`pearl.runtime.agent_routing.Routing.params_for`), so both
+arms roll out the same trajectories and train the same batches (up to rare float differences between
+batch shapes): the comparison is paired. Each run prints its rollout and training seconds and its
+rewards per step (the trainer computes only when a group's rewards differ: a step with signal costs
+~10 s on one core, one without ~0).
+
 Runs alternate (fixed, pearl, fixed, pearl, ...) so drift in the machine's load hits both; each
 run's throughput is over its steady state (trajectories of steps 2..N over the time from the end of
 step 1 to the end of step N: model loading and calibration excluded). Prints every run, the
@@ -36,6 +42,9 @@ def run(borrow: bool, steps: int, staleness: int) -> dict:
         lines = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     trajs = sum(m["trained"] + m["failed"] + m["stale"] for m in lines[1:])
     s["per_s"] = trajs / max(lines[-1]["elapsed_s"] - lines[0]["elapsed_s"], 1e-9)
+    s["rollout_s"] = sum(m["wait_for_batch_s"] for m in lines[1:])  # the trainer waiting for its batch
+    s["train_s"] = sum(m["step_s"] - m["wait_for_batch_s"] for m in lines[1:])
+    s["rewards"] = [round(m["reward_mean"] or 0.0, 4) for m in lines]
     s["lends"] = sum(1 for x in s["decisions"] if x.get("rule") == "lend")
     return s
 
@@ -54,9 +63,12 @@ if __name__ == "__main__":
             r = run(name == "pearl", a.steps, a.staleness)
             runs[name].append(r)
             print(f"  {name} run {i + 1}: {r['per_s']:.3f} trajectories/s (steady state), {r['lends']} lends, "
-                  f"decoded {r['tokens_decoded']} tokens, worst trainer wait {r['trainer_device_wait_max_s']:.3f} s",
-                  flush=True)
+                  f"rollout {r['rollout_s']:.1f} s + training {r['train_s']:.1f} s, rewards {r['rewards']}, "
+                  f"worst trainer wait {r['trainer_device_wait_max_s']:.3f} s", flush=True)
     med = {k: statistics.median(r["per_s"] for r in v) for k, v in runs.items()}
+    roll = {k: statistics.median(r["rollout_s"] for r in v) for k, v in runs.items()}
+    print(f"median rollout seconds (steps 2..N): fixed {roll['fixed']:.1f}, pearl {roll['pearl']:.1f} "
+          f"({roll['fixed'] / roll['pearl']:.2f}x faster rollout while lending)")
     print(f"median: fixed {med['fixed']:.3f}, pearl {med['pearl']:.3f} trajectories/s; worst trainer wait for its "
           f"device {max(r['trainer_device_wait_max_s'] for r in runs['pearl']):.3f} s (bound 5 s)")
     print(f"pearl vs fixed: {med['pearl'] / med['fixed']:.2f}x")
