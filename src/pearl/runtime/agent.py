@@ -343,6 +343,7 @@ class AgentLoop:
 
     def _close(self, ep: Episode) -> list[Group]:
         self._drop(ep.traj.id)
+        ep.traj.info["env_s"] = [round(x, 6) for x in ep.env_s]  # measured environment steps (run records)
         if ep.traj.status is Status.OK:
             self.finished.append(_as_spec(ep, self.finished_count))
             self.finished_count += 1

@@ -7,21 +7,69 @@ from __future__ import annotations
 from typing import Any
 
 from pearl.control.observation import TrainerIdle, TrainerNeedsDevices
+from pearl.errors import ConfigError, one_line
+from pearl.perf.profile import trainer_tokens
+from pearl.perf.roofline import PerfCoeffs
+from pearl.workloads import load_recorded
 from pearl.rl.trajectory import Group
 from pearl.runtime.sim_records import SimTrajectory
 from pearl.types import WorkerPhase
 
-__all__ = ["SimTrainer"]
+__all__ = ["SimTrainer", "twin_coeffs", "twin_workload"]
+
+
+def twin_coeffs(twin: Any) -> PerfCoeffs:
+    """The engine coefficients of a twin scenario (`ScenarioConfig.twin`), else the catalogue's."""
+    if twin is None or not twin.engine_coeffs:
+        return PerfCoeffs()
+    try:
+        return PerfCoeffs(**twin.engine_coeffs)
+    except (TypeError, ValueError) as e:
+        raise ConfigError(f"scenario: field 'twin.engine_coeffs': {one_line(str(e))}") from None
+
+
+def twin_workload(twin: Any) -> Any:
+    """A twin scenario's recorded trajectories (`pearl.workloads.RecordedWorkload`), else None."""
+    return load_recorded(twin.trajectories) if twin is not None and twin.trajectories else None
 
 
 class SimTrainer:
     cfg: Any
     clock: Any
+    next_train_gid = 0  # batch_order "admission": the next group the trainer takes
+
+    def _take_in_order(self, need: int) -> list[Group] | None:
+        """pearl train's rule (`twin.batch_order: admission`): the next `need` groups by admission
+        order once every one has finished; groups staler than η are discarded, the rest trained."""
+        want = range(self.next_train_gid, self.next_train_gid + need)
+        ready = {g.gid: g for g in self.ready}
+        if any(gid not in ready for gid in want):
+            return None
+        self.next_train_gid += need
+        self.ready = [g for g in self.ready if g.gid not in want]
+        batch = []
+        for gid in want:
+            g = ready[gid]
+            if self.version - g.min_version > self.cfg.rl.staleness:
+                self.discarded += g.size
+                self.gate.on_discard(g.size)
+            else:
+                batch.append(g)
+        return batch
+
     def _maybe_train(self) -> None:
-        need = self.cfg.rl.prompts_per_batch
-        if self.trainer_busy or len(self.ready) < need:
-            return
+        need, most = self.cfg.rl.prompts_per_batch, self.cfg.max_train_steps
+        if self.trainer_busy or len(self.ready) < need or (most is not None and len(self.steps) >= most):
+            return  # (a trainer-bound run would otherwise go on training past max_train_steps)
         t = self.clock.now
+        if self.cfg.twin is not None and self.cfg.twin.batch_order == "admission":
+            got = self._take_in_order(need)
+            if not got:
+                if got is not None:  # all stale: slots went back to the gate
+                    self._admit()
+                return
+            self._start(got, t)
+            return
         self.ready.sort(key=lambda g: (g.min_version, g.gid))  # oldest first: fewest discards
         batch, keep = [], []
         for g in self.ready:
@@ -37,6 +85,9 @@ class SimTrainer:
             self.ready.extend(batch)
             self._admit()
             return
+        self._start(batch, t)
+
+    def _start(self, batch: list[Group], t: float) -> None:
         self.batch_ready_t.append(t)
         wait_devices = self.driver.event(TrainerNeedsDevices())  # borrowed devices must come back
         self.trainer_busy = True
@@ -49,7 +100,7 @@ class SimTrainer:
         trajs = [tr for g in batch for tr in g.trajs]
         tokens = sum(tr.spec.total_tokens for tr in trajs)
         n_dev = len(self.train_devices)
-        dur = self.perf.train_step_time(tokens, n_dev, self.cfg.rl.train_mfu) * self.cfg.rl.train_passes
+        dur = self.train_time(trajs, tokens, n_dev) * self.cfg.rl.train_passes
         idle = t_ready - self.trainer_idle_since
         for tr in trajs:
             self.staleness_hist[self.version - tr.min_version] += 1
@@ -58,6 +109,18 @@ class SimTrainer:
                                trajectories=len(trajs), tokens=tokens,
                                max_staleness=max(self.version - tr.min_version for tr in trajs)))
         self.clock.at(t + dur, self._train_end, trajs)
+
+    def train_time(self, trajs: list[SimTrajectory], tokens: int, n_dev: int) -> float:
+        """One pass over a batch: the twin's calibrated trainer (`twin.trainer`: the tokens it
+        computes, trajectories with a zero advantage skipped), else the roofline at `rl.train_mfu`."""
+        tw = self.cfg.twin
+        if tw is None or tw.trainer is None:
+            return self.perf.train_step_time(tokens, n_dev, self.cfg.rl.train_mfu)
+        c, groups = tw.trainer, {}
+        for tr in trajs:
+            if self.workload.trained(tr.spec):
+                groups.setdefault(tr.spec.group, []).append((tr.spec.prompt_tokens, tr.spec.total_tokens))
+        return c.fixed_s + c.per_token_s * trainer_tokens(list(groups.values()), c.micro_batch_size, c.share_prompt)
 
     def _train_end(self, trajs: list[SimTrajectory]) -> None:
         t = self.clock.now

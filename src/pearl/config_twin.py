@@ -1,0 +1,46 @@
+"""`TwinConfig`: what makes a scenario the digital twin of a real `pearl train` set-up
+(`ScenarioConfig.twin`; built by `pearl.runtime.twin.build_twin` from a train config, a calibrated
+profile and a finished run's directory). Every field is optional: a scenario without `twin:` simulates
+exactly as before.
+
+- `engine_coeffs`: the engine's calibrated `pearl.perf.roofline.PerfCoeffs` fields (a `pearl profile`
+  file's `coeffs`), used instead of the catalogue's for every worker;
+- `trainer`: the trainer's calibrated cost (the profile's `trainer`): a step takes
+  fixed_s + per_token_s x the tokens it computes (`pearl.perf.profile.trainer_tokens`), instead of the
+  roofline's `train_step_time` at `rl.train_mfu`;
+- `trajectories`: a run's `trajectories.jsonl` (`pearl.runtime.observe.RunLog.trajectories`): group g's
+  trajectories are that run's group g (turns, token counts, environment seconds; cycling when the
+  simulation admits more groups), and a trajectory whose GRPO advantage was 0 costs the trainer nothing;
+- `batch_order`: `ready` (the simulator's own rule: the oldest finished groups) or `admission` (pearl
+  train's: the next `prompts_per_batch` groups in admission order, once all of them have finished);
+- `shared_cores`: the rollout workers and the trainer run on this many CPU cores of one machine
+  (pearl train's local backend), see `pearl.runtime.sim_trainer`.
+"""
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+__all__ = ["TwinConfig", "TwinTrainer"]
+
+MAX_CORES = 4096
+
+
+class Frozen(BaseModel):  # imported by pearl.config, so not its Frozen: strict pydantic instead
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False, strict=True)
+
+
+class TwinTrainer(Frozen):
+    fixed_s: float = Field(ge=0, le=1e6)
+    per_token_s: float = Field(ge=0, le=1e3)
+    micro_batch_size: int = Field(default=8, ge=1, le=1 << 20)
+    share_prompt: bool = True
+
+
+class TwinConfig(Frozen):
+    engine_coeffs: dict[str, float | str] | None = None
+    trainer: TwinTrainer | None = None
+    trajectories: str | None = Field(default=None, min_length=1)
+    batch_order: Literal["ready", "admission"] = "ready"
+    shared_cores: int | None = Field(default=None, ge=1, le=MAX_CORES)
