@@ -272,7 +272,7 @@ def profile(
     """Measure the torch engine and the GRPO trainer on this machine and save a calibrated profile."""
     from pearl.real.models import SOURCES
     from pearl.runtime.train_config import load_train_config
-    from pearl.runtime.twin import calibrate
+    from pearl.runtime.twin_profile import calibrate
 
     over = _parse_sets(set_)
     if model is not None:

@@ -13,8 +13,10 @@ exactly as before.
   simulation admits more groups), and a trajectory whose GRPO advantage was 0 costs the trainer nothing;
 - `batch_order`: `ready` (the simulator's own rule: the oldest finished groups) or `admission` (pearl
   train's: the next `prompts_per_batch` groups in admission order, once all of them have finished);
-- `shared_cores`: the rollout workers and the trainer run on this many CPU cores of one machine
-  (pearl train's local backend), see `pearl.runtime.sim_trainer`.
+- `shared`: the rollout workers and the trainer share one process's cores and GIL (pearl train's
+  local backend): an engine step planned while the trainer works takes `engine` times longer, and the
+  trainer advances `trainer` times slower while any rollout worker works (`pearl.runtime.sim_trainer`;
+  the factors are measured by `pearl profile`).
 """
 from __future__ import annotations
 
@@ -22,9 +24,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-__all__ = ["TwinConfig", "TwinTrainer"]
-
-MAX_CORES = 4096
+__all__ = ["TwinConfig", "TwinShared", "TwinTrainer"]
 
 
 class Frozen(BaseModel):  # imported by pearl.config, so not its Frozen: strict pydantic instead
@@ -38,9 +38,14 @@ class TwinTrainer(Frozen):
     share_prompt: bool = True
 
 
+class TwinShared(Frozen):
+    engine: float = Field(default=1.0, ge=1, le=1000)
+    trainer: float = Field(default=1.0, ge=1, le=1000)
+
+
 class TwinConfig(Frozen):
     engine_coeffs: dict[str, float | str] | None = None
     trainer: TwinTrainer | None = None
     trajectories: str | None = Field(default=None, min_length=1)
     batch_order: Literal["ready", "admission"] = "ready"
-    shared_cores: int | None = Field(default=None, ge=1, le=MAX_CORES)
+    shared: TwinShared | None = None

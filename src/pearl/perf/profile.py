@@ -49,9 +49,21 @@ class TrainerProfile:
     micro_batch_size: int = 8
     share_prompt: bool = True
     threads: int = 1  # torch intra-op threads it was measured with
+    # The executor (pearl train's local backend: one process, its cores and its GIL shared): for N rollout
+    # workers stepping while the trainer steps, (N, engine step slowdown, trainer step slowdown), each a
+    # ratio of wall times measured together and alone.
+    shared: tuple[tuple[int, float, float], ...] = ()
 
     def step_time(self, tokens: float) -> float:
         return self.fixed_s + self.per_token_s * tokens
+
+    def shared_factors(self, workers: int) -> tuple[float, float]:
+        """(engine, trainer) slowdown while both run, for `workers` rollout workers (the nearest
+        measured count; (1, 1) when none was measured)."""
+        if not self.shared:
+            return 1.0, 1.0
+        n, e, t = min(self.shared, key=lambda s: (abs(s[0] - workers), -s[0]))
+        return e, t
 
     @classmethod
     def from_dict(cls, d: Any, where: str) -> "TrainerProfile":
@@ -65,14 +77,23 @@ class TrainerProfile:
             if key not in d:
                 raise ConfigError(f"{where}: missing field 'trainer.{key}'")
         kinds = {"fixed_s": (int, float), "per_token_s": (int, float), "rmse": (int, float), "n_samples": int,
-                 "clock": str, "micro_batch_size": int, "share_prompt": bool, "threads": int}
+                 "clock": str, "micro_batch_size": int, "share_prompt": bool, "threads": int, "shared": list}
+        d = dict(d)
+        shared = d.pop("shared", [])
+        ok = isinstance(shared, list) and all(
+            isinstance(x, list) and len(x) == 3 and isinstance(x[0], int) and x[0] >= 1
+            and all(isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0 for v in x[1:]) for x in shared)
+        if not ok:
+            raise ConfigError(f"{where}: field 'trainer.shared' must be a list of [workers, engine factor, "
+                              f"trainer factor] (a count >= 1, two numbers > 0)")
         for key, val in d.items():
             bad = not isinstance(val, kinds[key]) or (isinstance(val, bool) and kinds[key] is not bool)
             if bad or (key != "clock" and not isinstance(val, bool) and val < 0):
                 raise ConfigError(f"{where}: field 'trainer.{key}' = {val!r} has the wrong type or is negative")
         if d.get("clock", "cpu") not in ("cpu", "wall") or d.get("micro_batch_size", 1) < 1:
             raise ConfigError(f"{where}: field 'trainer': clock must be cpu or wall, micro_batch_size >= 1")
-        return cls(**{k: (float(v) if kinds[k] == (int, float) else v) for k, v in d.items()})
+        return cls(**{k: (float(v) if kinds[k] == (int, float) else v) for k, v in d.items()},
+                   shared=tuple((int(n), float(e), float(t)) for n, e, t in shared))
 
 
 def trainer_tokens(groups: Sequence[Sequence[tuple[int, int]]], micro_batch_size: int,

@@ -108,7 +108,7 @@ class Simulator(SimTrainer):
         t = self.clock.now
         wid = self.state.start_worker(t, devices, role, self.version)
         pm = self.perf_for(len(devices))
-        eng = EmulatedEngine(wid, role, pm.step_time, pm.kv_capacity_tokens(), self.cfg.engine.max_num_seqs,
+        eng = EmulatedEngine(wid, role, self.shared_step_time(pm.step_time), pm.kv_capacity_tokens(), self.cfg.engine.max_num_seqs,
                              self.cfg.engine.max_batched_tokens, self._on_done, self.version)
         eng.devices = devices
         eng.on_plan = self._on_plan

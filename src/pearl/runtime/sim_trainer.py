@@ -4,6 +4,8 @@ step timed by the performance model, the weight push, and the controller told th
 (`TrainerIdle`). A mixin of `pearl.runtime.sim.Simulator`: it uses the simulator's state."""
 from __future__ import annotations
 
+import math
+from dataclasses import fields
 from typing import Any
 
 from pearl.control.observation import TrainerIdle, TrainerNeedsDevices
@@ -17,11 +19,17 @@ from pearl.types import WorkerPhase
 
 __all__ = ["SimTrainer", "twin_coeffs", "twin_workload"]
 
+TRAIN_PIECES = 16  # a shared executor's training step advances in this many pieces
+
 
 def twin_coeffs(twin: Any) -> PerfCoeffs:
     """The engine coefficients of a twin scenario (`ScenarioConfig.twin`), else the catalogue's."""
     if twin is None or not twin.engine_coeffs:
         return PerfCoeffs()
+    known = [f.name for f in fields(PerfCoeffs)]
+    bad = sorted(set(twin.engine_coeffs) - set(known))
+    if bad:
+        raise ConfigError(f"scenario: field 'twin.engine_coeffs': unknown coefficient {bad[0]!r}; known: {', '.join(known)}")
     try:
         return PerfCoeffs(**twin.engine_coeffs)
     except (TypeError, ValueError) as e:
@@ -108,7 +116,31 @@ class SimTrainer:
                                train_s=dur, trainer_idle_s=idle, device_wait_s=t - t_ready,
                                trajectories=len(trajs), tokens=tokens,
                                max_staleness=max(self.version - tr.min_version for tr in trajs)))
-        self.clock.at(t + dur, self._train_end, trajs)
+        sh = self.cfg.twin.shared if self.cfg.twin is not None else None
+        if sh is None or sh.trainer == 1.0:
+            self.clock.at(t + dur, self._train_end, trajs)
+        else:
+            self._train_piece(trajs, dur, dur / TRAIN_PIECES)
+
+    def _train_piece(self, trajs: list[SimTrajectory], left: float, piece: float) -> None:
+        """A shared executor (`twin.shared`): the step advances in pieces, each `trainer` times slower
+        when a rollout worker is stepping as it begins; the step's record gets its real end."""
+        if left <= 1e-12:
+            t, s = self.clock.now, self.steps[-1]
+            s["t_end"], s["train_s"] = t, t - s["t_start"]
+            self._train_end(trajs)
+            return
+        busy = any(math.isfinite(e.end_t) for e in self.engines.values())
+        f = self.cfg.twin.shared.trainer if busy else 1.0
+        d = min(piece, left)
+        self.clock.at(self.clock.now + d * f, self._train_piece, trajs, left - d, piece)
+
+    def shared_step_time(self, step_time: Any) -> Any:
+        """An engine's step time in a shared executor: `engine` times longer while the trainer works."""
+        sh = self.cfg.twin.shared if self.cfg.twin is not None else None
+        if sh is None or sh.engine == 1.0:
+            return step_time
+        return lambda *a: step_time(*a) * (sh.engine if self.trainer_busy else 1.0)
 
     def train_time(self, trajs: list[SimTrajectory], tokens: int, n_dev: int) -> float:
         """One pass over a batch: the twin's calibrated trainer (`twin.trainer`: the tokens it

@@ -1,6 +1,6 @@
 """The digital twin of a real `pearl train` run: the simulator's scenario for the same set-up.
 
-    prof = calibrate(cfg, "runs/profile.json")          # `pearl profile`: the engine and the trainer
+    prof = calibrate(cfg, "runs/profile.json")          # `pearl profile` (runtime.twin_profile)
     run = read_run("runs/my-run")                        # what `pearl train --out runs/my-run` wrote
     scn = build_twin(run.config, prof, run)              # a ScenarioConfig (its `twin:` section)
     sim = simulate_twin(scn)                             # the simulator's result (runtime.results)
@@ -10,8 +10,8 @@ The scenario keeps the run's batch (prompts_per_step x group_size), staleness η
 layout (the one the run started with: colocated, or 1P:(N-1)D), its policy, and describes the rest
 as it really is: hardware "cpu" with the profile's engine coefficients, the trainer's calibrated cost
 (`twin.trainer`), pearl train's batch rule (the next groups in admission order,
-`twin.batch_order: admission`), the cores the trainer and the rollout workers share
-(`twin.shared_cores`, local backend) and the run's own trajectories (`twin.trajectories`: turns, token
+`twin.batch_order: admission`), the slowdowns of the process the trainer and the rollout workers
+share (`twin.shared`, local backend) and the run's own trajectories (`twin.trajectories`: turns, token
 counts, measured environment seconds, which trajectories the trainer computed). Figures are taken over
 the same steady state on both sides: from the end of the first training step to the end of the last.
 """
@@ -27,7 +27,7 @@ from pearl.errors import ConfigError
 from pearl.perf.profile import Profile
 from pearl.runtime.train_config import TrainConfig
 
-__all__ = ["RunRecords", "read_run", "build_twin", "simulate_twin", "real_figures", "sim_figures", "calibrate"]
+__all__ = ["RunRecords", "read_run", "build_twin", "simulate_twin", "real_figures", "sim_figures"]
 
 
 @dataclass(frozen=True)
@@ -85,12 +85,10 @@ def read_run(run_dir: str | Path) -> RunRecords:
     return RunRecords(d, cfg, rows, summary)
 
 
-def build_twin(cfg: TrainConfig, profile: Profile, run: RunRecords, cores: int | None = None) -> ScenarioConfig:
+def build_twin(cfg: TrainConfig, profile: Profile, run: RunRecords) -> ScenarioConfig:
     """The simulator's scenario of `cfg` as run in `run`, priced by `profile` (which must hold the
-    trainer's cost: `pearl profile` writes it). `cores`: the host's cores shared by the local
-    backend's trainer and rollout workers (default: this machine's)."""
-    from pearl.runtime.threads import host_cores
-
+    trainer's cost: `pearl profile` writes it; with the local backend, its shared-executor factors
+    for the run's worker count)."""
     if profile.trainer is None:
         raise ConfigError("profile: no trainer cost in it (written by an older pearl profile); run pearl profile again")
     if profile.hardware != "cpu" or profile.tp != 1:
@@ -102,7 +100,10 @@ def build_twin(cfg: TrainConfig, profile: Profile, run: RunRecords, cores: int |
     layout = {"mode": "colocated"} if run.layout != "1P:1D" else {"mode": "disaggregated", "prefill": 1, "decode": n - 1}
     coeffs = {k: v for k, v in asdict(profile.coeffs).items() if v is not None}
     tr = profile.trainer
-    shared = (cores or host_cores()) if cfg.backend == "local" else None
+    shared = None
+    if cfg.backend == "local":
+        e, t = tr.shared_factors(n)
+        shared = {"engine": e, "trainer": t}
     policy = cfg.policy.model_dump(mode="json")
     model = cfg.model if cfg.model in ("tiny", "smollm2-135m") else str(Path(cfg.model) / "config.json")
     data = {
@@ -114,7 +115,7 @@ def build_twin(cfg: TrainConfig, profile: Profile, run: RunRecords, cores: int |
         "rl": {"prompts_per_batch": cfg.prompts_per_step, "group_size": cfg.group_size, "staleness": cfg.staleness},
         "policy": policy,
         "twin": {"engine_coeffs": coeffs, "trajectories": str(run.trajectories), "batch_order": "admission",
-                 "shared_cores": shared,
+                 "shared": shared,
                  "trainer": {"fixed_s": tr.fixed_s, "per_token_s": tr.per_token_s,
                              "micro_batch_size": cfg.trainer.micro_batch_size,
                              "share_prompt": cfg.trainer.share_prompt}},
@@ -148,32 +149,3 @@ def sim_figures(res: dict[str, Any]) -> dict[str, float]:
     idle = sum(s["trainer_idle_s"] for s in steps[1:])
     return {"trajectories_per_s": sum(s["trajectories"] for s in steps[1:]) / span, "trainer_idle": idle / span,
             "steady_s": span}
-
-
-def calibrate(cfg: TrainConfig, path: str | Path | None = None, *, clock: str = "cpu") -> Profile:
-    """`pearl profile`: the engine's step-time profile of `cfg.model` (`pearl.real.profiling`) and the
-    trainer's cost under `cfg.trainer` on a batch of `cfg`'s size, with the trainer's thread count of
-    a run of `cfg` on this machine; saved at `path` when given."""
-    from dataclasses import replace
-
-    from pearl.perf.profile import save_profile
-    from pearl.real.models import load_model
-    from pearl.real.profiling import calibrate_engine
-    from pearl.rl.trainer_profile import calibrate_trainer
-    from pearl.runtime.threads import host_cores, plan_threads
-
-    prof = calibrate_engine(cfg.model, None, clock=clock)
-    loaded = load_model(cfg.model)
-    tc = cfg.trainer
-    pad = getattr(loaded.tokenizer, "pad_token_id", None)
-    if pad is not None and "pad_token_id" not in tc.model_fields_set:
-        tc = tc.model_copy(update={"pad_token_id": int(pad)})
-    th = cfg.threads
-    threads = plan_threads(host_cores(), cfg.rollout_workers if cfg.backend == "local" else 0,
-                           th.trainer, th.engine, th.interop).trainer
-    trainer = calibrate_trainer(loaded.hf_model, tc, threads=threads, clock=clock, groups=cfg.prompts_per_step,
-                                group_size=cfg.group_size)
-    prof = replace(prof, trainer=trainer)
-    if path is not None:
-        save_profile(prof, path)
-    return prof
