@@ -296,10 +296,10 @@ class Simulator(SimTrainer):
         tr.ctx = r.num_tokens
         tr.turn += 1
         if tr.turn >= tr.spec.turns:
-            self.clock.at(t + tr.spec.env_latency[-1], self._finish_trajectory, tr)  # final reward
+            self.clock.at(t + self.env_wait(t, tr.spec.env_latency[-1]), self._finish_trajectory, tr)  # final reward
             return
         tr.in_env = True
-        self.clock.at(t + tr.spec.env_latency[tr.turn - 1], self._env_done, tr)
+        self.clock.at(t + self.env_wait(t, tr.spec.env_latency[tr.turn - 1]), self._env_done, tr)
 
     def _arrive_decode(self, tr: SimTrajectory, r: Request, dst: EmulatedEngine) -> None:
         dst.incoming_tokens = max(0, dst.incoming_tokens - r.num_tokens)

@@ -4,7 +4,6 @@ step timed by the performance model, the weight push, and the controller told th
 (`TrainerIdle`). A mixin of `pearl.runtime.sim.Simulator`: it uses the simulator's state."""
 from __future__ import annotations
 
-import math
 from dataclasses import fields
 from typing import Any
 
@@ -124,16 +123,31 @@ class SimTrainer:
 
     def _train_piece(self, trajs: list[SimTrajectory], left: float, piece: float) -> None:
         """A shared executor (`twin.shared`): the step advances in pieces, each `trainer` times slower
-        when a rollout worker is stepping as it begins; the step's record gets its real end."""
+        when the rollout is at work as it begins (any trajectory in flight: its thread steps engines or
+        handles their turns; with none, the rollout thread sleeps until the gate opens); the step's
+        record gets its real end."""
         if left <= 1e-12:
             t, s = self.clock.now, self.steps[-1]
             s["t_end"], s["train_s"] = t, t - s["t_start"]
             self._train_end(trajs)
             return
-        busy = any(math.isfinite(e.end_t) for e in self.engines.values())
+        busy = self.active > 0  # the rollout thread works while any trajectory is in flight
         f = self.cfg.twin.shared.trainer if busy else 1.0
         d = min(piece, left)
         self.clock.at(self.clock.now + d * f, self._train_piece, trajs, left - d, piece)
+
+    _env_batch = (-1.0, 0.0)  # (turn end, its environment wait): the twin's agent-loop batch
+
+    def env_wait(self, t: float, latency: float) -> float:
+        """A turn's environment wait. In a twin scenario the agent loop's rule: the turns an engine
+        step ends are handed to their environments together and collected together (pearl train's
+        rollout thread collects every finished environment step at once), so every turn ending at `t`
+        waits as long as the first (the recorded seconds of a turn are as waited by that loop)."""
+        if self.cfg.twin is None:
+            return latency
+        if self._env_batch[0] != t:
+            self._env_batch = (t, latency)
+        return self._env_batch[1]
 
     def shared_step_time(self, step_time: Any) -> Any:
         """An engine's step time in a shared executor: `engine` times longer while the trainer works."""
