@@ -14,9 +14,10 @@ exactly as before.
 - `batch_order`: `ready` (the simulator's own rule: the oldest finished groups) or `admission` (pearl
   train's: the next `prompts_per_batch` groups in admission order, once all of them have finished);
 - `shared`: the rollout workers and the trainer share one process's cores and GIL (pearl train's
-  local backend): an engine step planned while the trainer works takes `engine` times longer, and the
-  trainer advances `trainer` times slower while any rollout worker works (`pearl.runtime.sim_trainer`;
-  the factors are measured by `pearl profile`).
+  local backend). One entry per number of rollout workers at work (`workers`; the nearest is used):
+  an engine step planned while the trainer works takes `engine` times longer, and the trainer
+  advances `trainer` times slower while the rollout works (`pearl.runtime.sim_trainer`; the factors
+  are measured by `pearl profile`).
 """
 from __future__ import annotations
 
@@ -39,6 +40,7 @@ class TwinTrainer(Frozen):
 
 
 class TwinShared(Frozen):
+    workers: int = Field(default=1, ge=1, le=1 << 20)
     engine: float = Field(default=1.0, ge=1, le=1000)
     trainer: float = Field(default=1.0, ge=1, le=1000)
 
@@ -48,4 +50,11 @@ class TwinConfig(Frozen):
     trainer: TwinTrainer | None = None
     trajectories: str | None = Field(default=None, min_length=1)
     batch_order: Literal["ready", "admission"] = "ready"
-    shared: TwinShared | None = None
+
+    def shared_factors(self, workers: int) -> tuple[float, float]:
+        """(engine, trainer) slowdowns with `workers` rollout workers at work; (1, 1) without `shared`."""
+        if not self.shared:
+            return 1.0, 1.0
+        s = min(self.shared, key=lambda x: (abs(x.workers - workers), -x.workers))
+        return s.engine, s.trainer
+    shared: list[TwinShared] | None = None

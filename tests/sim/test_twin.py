@@ -52,12 +52,12 @@ def test_twin_carries_the_runs_batch_staleness_layout_and_profile(tmp_path):
     assert scn.cluster.hardware == "cpu" and scn.cluster.rollout_devices == 2 and scn.max_train_steps == 4
     assert scn.twin.engine_coeffs["seq_overhead_s"] == 1e-4 and scn.twin.engine_coeffs["combine"] == "sum"
     assert (scn.twin.trainer.fixed_s, scn.twin.trainer.per_token_s, scn.twin.trainer.micro_batch_size) == (0.01, 2e-5, 32)
-    assert (scn.twin.shared.engine, scn.twin.shared.trainer) == (3.0, 1.8)  # measured for 2 workers
+    assert scn.twin.shared_factors(2) == (3.0, 1.8) and scn.twin.shared_factors(1) == (2.0, 1.5)
     assert scn.twin.batch_order == "admission" and scn.policy.name == "fixed"
     colo = make_run(tmp_path / "c", group_size=4)
     scn1 = build_twin(colo.config, PROFILE, colo)
     assert scn1.layout.mode is Mode.COLOCATED and scn1.cluster.rollout_devices == 1
-    assert (scn1.twin.shared.engine, scn1.twin.shared.trainer) == (2.0, 1.5)
+    assert scn1.twin.shared_factors(5) == (3.0, 1.8)  # the nearest measured count
 
 
 def test_recorded_workload_replays_the_runs_trajectories(tmp_path):

@@ -115,8 +115,7 @@ class SimTrainer:
                                train_s=dur, trainer_idle_s=idle, device_wait_s=t - t_ready,
                                trajectories=len(trajs), tokens=tokens,
                                max_staleness=max(self.version - tr.min_version for tr in trajs)))
-        sh = self.cfg.twin.shared if self.cfg.twin is not None else None
-        if sh is None or sh.trainer == 1.0:
+        if self.cfg.twin is None or not self.cfg.twin.shared:
             self.clock.at(t + dur, self._train_end, trajs)
         else:
             self._train_piece(trajs, dur, dur / TRAIN_PIECES)
@@ -132,7 +131,7 @@ class SimTrainer:
             self._train_end(trajs)
             return
         busy = self.active > 0  # the rollout thread works while any trajectory is in flight
-        f = self.cfg.twin.shared.trainer if busy else 1.0
+        f = self.cfg.twin.shared_factors(max(1, self._busy_engines()))[1] if busy else 1.0
         d = min(piece, left)
         self.clock.at(self.clock.now + d * f, self._train_piece, trajs, left - d, piece)
 
@@ -149,12 +148,16 @@ class SimTrainer:
             self._env_batch = (t, latency)
         return self._env_batch[1]
 
+    def _busy_engines(self) -> int:
+        return sum(1 for e in self.engines.values() if e.end_t != float("inf"))
+
     def shared_step_time(self, step_time: Any) -> Any:
-        """An engine's step time in a shared executor: `engine` times longer while the trainer works."""
-        sh = self.cfg.twin.shared if self.cfg.twin is not None else None
-        if sh is None or sh.engine == 1.0:
+        """An engine's step time in a shared executor: `engine` times longer while the trainer works
+        (the factor for the engines stepping then, this one included)."""
+        tw = self.cfg.twin
+        if tw is None or not tw.shared:
             return step_time
-        return lambda *a: step_time(*a) * (sh.engine if self.trainer_busy else 1.0)
+        return lambda *a: step_time(*a) * (tw.shared_factors(self._busy_engines() + 1)[0] if self.trainer_busy else 1.0)
 
     def train_time(self, trajs: list[SimTrajectory], tokens: int, n_dev: int) -> float:
         """One pass over a batch: the twin's calibrated trainer (`twin.trainer`: the tokens it

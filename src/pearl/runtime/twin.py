@@ -87,8 +87,7 @@ def read_run(run_dir: str | Path) -> RunRecords:
 
 def build_twin(cfg: TrainConfig, profile: Profile, run: RunRecords) -> ScenarioConfig:
     """The simulator's scenario of `cfg` as run in `run`, priced by `profile` (which must hold the
-    trainer's cost: `pearl profile` writes it; with the local backend, its shared-executor factors
-    for the run's worker count)."""
+    trainer's cost: `pearl profile` writes it; with the local backend, its shared-executor factors)."""
     if profile.trainer is None:
         raise ConfigError("profile: no trainer cost in it (written by an older pearl profile); run pearl profile again")
     if profile.hardware != "cpu" or profile.tp != 1:
@@ -100,10 +99,7 @@ def build_twin(cfg: TrainConfig, profile: Profile, run: RunRecords) -> ScenarioC
     layout = {"mode": "colocated"} if run.layout != "1P:1D" else {"mode": "disaggregated", "prefill": 1, "decode": n - 1}
     coeffs = {k: v for k, v in asdict(profile.coeffs).items() if v is not None}
     tr = profile.trainer
-    shared = None
-    if cfg.backend == "local":
-        e, t = tr.shared_factors(n)
-        shared = {"engine": e, "trainer": t}
+    shared = [{"workers": k, "engine": e, "trainer": t} for k, e, t in tr.shared] if cfg.backend == "local" else None
     policy = cfg.policy.model_dump(mode="json")
     model = cfg.model if cfg.model in ("tiny", "smollm2-135m") else str(Path(cfg.model) / "config.json")
     data = {
