@@ -67,7 +67,6 @@ def _trainer_steps(trainer: Any, batch: list, n: int) -> list[float]:
     return out
 
 
-# long: one measurement, alone then together, reads best in one piece
 def measure_shared(loaded: Any, trainer: Any, batch: list, workers: int, trainer_threads: int = 1,
                    steps: int = 3) -> tuple[float, float]:
     """(engine slowdown, trainer slowdown) with `workers` engines and the trainer running at once."""
