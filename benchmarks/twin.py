@@ -85,15 +85,18 @@ def main() -> None:
         d = args.out / name.replace(":", "")
         wall = train(d, [f"max_steps={args.steps}", "policy.name=fixed", *sets])
         run = read_run(d)
-        scn = twin_variant(build_twin(run.config, prof, run), args)
-        real, sim = real_figures(run), sim_figures(simulate_twin(scn))
+        real = real_figures(run)
+        sim = sim_figures(simulate_twin(twin_variant(build_twin(run.config, prof, run), args)))
         err = sim["trajectories_per_s"] / real["trajectories_per_s"] - 1
         worst = max(worst, abs(err))
-        rows.append((name, real, sim, err, wall))
+        rows.append((name, real, sim, err, wall, run.summary))
     print(f"{'layout':<10} {'real traj/s':>11} {'sim traj/s':>10} {'error':>7} {'real idle':>9} {'sim idle':>8}")
-    for name, real, sim, err, wall in rows:
+    for name, real, sim, err, wall, s in rows:
         print(f"{name:<10} {real['trajectories_per_s']:>11.1f} {sim['trajectories_per_s']:>10.1f} {err:>+7.1%} "
-              f"{real['trainer_idle']:>9.1%} {sim['trainer_idle']:>8.1%}   (run {wall:.0f} s)")
+              f"{real['trainer_idle']:>9.1%} {sim['trainer_idle']:>8.1%}   (run {wall:.0f} s; its wall / thread-CPU "
+              f"seconds: engine steps x{s['engine_busy_s'] / max(s['engine_cpu_s'], 1e-9):.2f}, "
+              f"trainer steps x{s['trainer_busy_s'] / max(s['trainer_cpu_s'], 1e-9):.2f})")
+    print(f"load average at the end: {os.getloadavg()[0]:.1f}")
     print(f"worst relative throughput error: {worst:.1%}")
 
 

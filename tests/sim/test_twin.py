@@ -54,6 +54,8 @@ def test_twin_carries_the_runs_batch_staleness_layout_and_profile(tmp_path):
     assert (scn.twin.trainer.fixed_s, scn.twin.trainer.per_token_s, scn.twin.trainer.micro_batch_size) == (0.01, 2e-5, 32)
     assert scn.twin.shared_factors(2) == (3.0, 1.8) and scn.twin.shared_factors(1) == (2.0, 1.5)
     assert scn.twin.batch_order == "admission" and scn.policy.name == "fixed"
+    booked = replace(PROFILE, trainer=replace(PROFILE.trainer, log_s=0.003, checkpoint_s=0.2))
+    assert build_twin(run.config, booked, run).twin.trainer.fixed_s == pytest.approx(0.01 + 0.003 + 0.2 / 10)
     colo = make_run(tmp_path / "c", group_size=4)
     scn1 = build_twin(colo.config, PROFILE, colo)
     assert scn1.layout.mode is Mode.COLOCATED and scn1.cluster.rollout_devices == 1

@@ -13,10 +13,13 @@ hardware's). Since the grounding (docs/perf_model.md), `allreduce_latency_s` is 
 
 Optional (`pearl profile` writes it; files without it still load): the trainer's cost,
     "trainer": {"fixed_s": ..., "per_token_s": ..., "n_samples": 8, "rmse": 0.003, "clock": "cpu",
-                "micro_batch_size": 32, "share_prompt": true, "threads": 1}
+                "micro_batch_size": 32, "share_prompt": true, "threads": 1,
+                "shared": [[1, 2.7, 2.4]], "log_s": 0.003, "checkpoint_s": 0.15}
 one GRPO step (and the weight snapshot handed to the engines) taking fixed_s + per_token_s x the tokens
 the trainer computes (`trainer_tokens`: a trained group's shared prompt once, then every trained
-row's own tokens, padded to its micro-batch's longest row; rows whose advantage is 0 are skipped).
+row's own tokens, padded to its micro-batch's longest row; rows whose advantage is 0 are skipped);
+`shared`: the shared-executor slowdowns (`pearl.runtime.twin_profile`); `log_s`, `checkpoint_s`: the
+trainer thread's per-step logging and one checkpoint.
 """
 from __future__ import annotations
 
@@ -53,6 +56,10 @@ class TrainerProfile:
     # workers stepping while the trainer steps, (N, engine step slowdown, trainer step slowdown), each a
     # ratio of wall times measured together and alone.
     shared: tuple[tuple[int, float, float], ...] = ()
+    # pearl train's trainer thread besides the update, per step: its logs (metrics, samples,
+    # trajectories) and one checkpoint (written every `checkpoint_every` steps), wall seconds
+    log_s: float = 0.0
+    checkpoint_s: float = 0.0
 
     def step_time(self, tokens: float) -> float:
         return self.fixed_s + self.per_token_s * tokens
@@ -77,7 +84,8 @@ class TrainerProfile:
             if key not in d:
                 raise ConfigError(f"{where}: missing field 'trainer.{key}'")
         kinds = {"fixed_s": (int, float), "per_token_s": (int, float), "rmse": (int, float), "n_samples": int,
-                 "clock": str, "micro_batch_size": int, "share_prompt": bool, "threads": int, "shared": list}
+                 "clock": str, "micro_batch_size": int, "share_prompt": bool, "threads": int, "shared": list,
+                 "log_s": (int, float), "checkpoint_s": (int, float)}
         d = dict(d)
         shared = d.pop("shared", [])
         ok = isinstance(shared, list) and all(

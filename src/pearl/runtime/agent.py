@@ -354,7 +354,8 @@ class AgentLoop:
 
     def engine_stats(self) -> dict[str, float]:
         s = [e.stats for e in self.engines]
-        return {"engine_busy_s": sum(x.busy_s for x in s), "engine_steps": sum(x.steps for x in s),
+        return {"engine_busy_s": sum(x.busy_s for x in s), "engine_cpu_s": sum(getattr(x, "cpu_s", 0.0) for x in s),
+                "engine_steps": sum(x.steps for x in s),
                 "tokens_prefilled": sum(x.tokens_prefilled for x in s),
                 "tokens_decoded": sum(x.tokens_decoded for x in s),
                 "tokens_reused": sum(x.tokens_reused for x in s)}
