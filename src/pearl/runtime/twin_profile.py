@@ -96,7 +96,7 @@ def _trainer_steps(trainer: Any, batch: list, n: int) -> tuple[float, float]:
 
 
 def measure_shared(cfg: TrainConfig, loaded: Any, trainer: Any, batch: list, workers: int,
-                   trainer_threads: int = 1, steps: int = 3, alone_s: float = 0.8) -> tuple[float, float]:
+                   trainer_threads: int = 1, steps: int = 6, alone_s: float = 1.0) -> tuple[float, float]:
     """(engine slowdown, trainer slowdown) with `workers` rollout workers at work (`cfg`'s agent loop
     and environment) while the trainer steps: for each, the wall seconds of a step taken together
     over the CPU seconds its own thread spends in a step alone (`time.thread_time`: what the
