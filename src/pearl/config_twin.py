@@ -15,9 +15,9 @@ exactly as before.
   train's: the next `prompts_per_batch` groups in admission order, once all of them have finished);
 - `shared`: the rollout workers and the trainer share one process's cores and GIL (pearl train's
   local backend). One entry per number of rollout workers at work (`workers`; the nearest is used):
-  an engine step planned while the trainer works takes `engine` times longer, and the trainer
-  advances `trainer` times slower while the rollout works (`pearl.runtime.sim_trainer`; the factors
-  are measured by `pearl profile`).
+  an engine step planned while the trainer works takes `engine` times the profile's time
+  (`engine_alone` while it waits), and the trainer advances `trainer` times slower while the rollout
+  works (`trainer_alone` while it waits) (`pearl.runtime.sim_trainer`; measured by `pearl profile`).
 """
 from __future__ import annotations
 
@@ -43,6 +43,8 @@ class TwinShared(Frozen):
     workers: int = Field(default=1, ge=1, le=1 << 20)
     engine: float = Field(default=1.0, ge=1, le=1000)
     trainer: float = Field(default=1.0, ge=1, le=1000)
+    engine_alone: float = Field(default=1.0, ge=1, le=1000)  # while the other side waits
+    trainer_alone: float = Field(default=1.0, ge=1, le=1000)
 
 
 class TwinConfig(Frozen):
@@ -51,10 +53,11 @@ class TwinConfig(Frozen):
     trajectories: str | None = Field(default=None, min_length=1)
     batch_order: Literal["ready", "admission"] = "ready"
 
-    def shared_factors(self, workers: int) -> tuple[float, float]:
-        """(engine, trainer) slowdowns with `workers` rollout workers at work; (1, 1) without `shared`."""
+    def shared_factors(self, workers: int) -> tuple[float, float, float, float]:
+        """(engine, trainer) slowdowns with `workers` rollout workers at work while both sides work,
+        then each while the other waits; all 1 without `shared`."""
         if not self.shared:
-            return 1.0, 1.0
+            return 1.0, 1.0, 1.0, 1.0
         s = min(self.shared, key=lambda x: (abs(x.workers - workers), -x.workers))
-        return s.engine, s.trainer
+        return s.engine, s.trainer, s.engine_alone, s.trainer_alone
     shared: list[TwinShared] | None = None

@@ -81,12 +81,13 @@ def test_the_trainer_cost_round_trips_and_old_profiles_still_load(tmp_path, prof
     raw = json.loads(old.read_text())
     assert "trainer" not in raw and load_profile(old).trainer is None
     tr = TrainerProfile(0.012, 2.8e-5, 4, 0.001, clock="cpu", micro_batch_size=32, threads=1,
-                        shared=((1, 3.6, 1.9), (2, 4.0, 2.2)))
+                        shared=((1, 3.6, 1.9, 1.2, 1.1), (2, 4.0, 2.2)))  # 3 numbers: alone = 1
     p = replace(profile, trainer=tr)
     back = load_profile(save_profile(p, tmp_path / "new.json"))
     assert back == p and back.trainer.step_time(1000) == pytest.approx(0.012 + 0.028)
-    assert back.trainer.shared_factors(2) == (4.0, 2.2) and back.trainer.shared_factors(3) == (4.0, 2.2)
-    assert replace(tr, shared=()).shared_factors(1) == (1.0, 1.0)
+    assert back.trainer.shared_factors(2) == (4.0, 2.2, 1.0, 1.0) and back.trainer.shared_factors(3)[0] == 4.0
+    assert back.trainer.shared_factors(1) == (3.6, 1.9, 1.2, 1.1)
+    assert replace(tr, shared=()).shared_factors(1) == (1.0, 1.0, 1.0, 1.0)
 
 
 @pytest.mark.parametrize("mutate,match", [

@@ -19,7 +19,7 @@ from pearl.workloads import load_recorded
 PROFILE = Profile("tiny", "cpu", 1, PerfCoeffs(combine="sum", step_overhead_s=0.002, seq_overhead_s=1e-4),
                   "2026-01-01T00:00:00+00:00", 10, 1e-4,
                   trainer=TrainerProfile(0.01, 2e-5, 4, 1e-3, micro_batch_size=32,
-                                         shared=((1, 2.0, 1.5), (2, 3.0, 1.8))))
+                                         shared=((1, 2.0, 1.5, 1.2, 1.1), (2, 3.0, 1.8, 1.3, 1.2))))
 
 
 def _row(group, sample, turns, reward, env=0.004, obs=40):
@@ -52,14 +52,14 @@ def test_twin_carries_the_runs_batch_staleness_layout_and_profile(tmp_path):
     assert scn.cluster.hardware == "cpu" and scn.cluster.rollout_devices == 2 and scn.max_train_steps == 4
     assert scn.twin.engine_coeffs["seq_overhead_s"] == 1e-4 and scn.twin.engine_coeffs["combine"] == "sum"
     assert (scn.twin.trainer.fixed_s, scn.twin.trainer.per_token_s, scn.twin.trainer.micro_batch_size) == (0.01, 2e-5, 32)
-    assert scn.twin.shared_factors(2) == (3.0, 1.8) and scn.twin.shared_factors(1) == (2.0, 1.5)
+    assert scn.twin.shared_factors(2) == (3.0, 1.8, 1.3, 1.2) and scn.twin.shared_factors(1) == (2.0, 1.5, 1.2, 1.1)
     assert scn.twin.batch_order == "admission" and scn.policy.name == "fixed"
     booked = replace(PROFILE, trainer=replace(PROFILE.trainer, log_s=0.003, checkpoint_s=0.2))
     assert build_twin(run.config, booked, run).twin.trainer.fixed_s == pytest.approx(0.01 + 0.003 + 0.2 / 10)
     colo = make_run(tmp_path / "c", group_size=4)
     scn1 = build_twin(colo.config, PROFILE, colo)
     assert scn1.layout.mode is Mode.COLOCATED and scn1.cluster.rollout_devices == 1
-    assert scn1.twin.shared_factors(5) == (3.0, 1.8)  # the nearest measured count
+    assert scn1.twin.shared_factors(5) == (3.0, 1.8, 1.3, 1.2)  # the nearest measured count
 
 
 def test_recorded_workload_replays_the_runs_trajectories(tmp_path):

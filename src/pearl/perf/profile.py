@@ -14,7 +14,7 @@ hardware's). Since the grounding (docs/perf_model.md), `allreduce_latency_s` is 
 Optional (`pearl profile` writes it; files without it still load): the trainer's cost,
     "trainer": {"fixed_s": ..., "per_token_s": ..., "n_samples": 8, "rmse": 0.003, "clock": "cpu",
                 "micro_batch_size": 32, "share_prompt": true, "threads": 1,
-                "shared": [[1, 2.7, 2.4]], "log_s": 0.003, "checkpoint_s": 0.15}
+                "shared": [[1, 2.7, 2.4, 1.3, 1.2]], "log_s": 0.003, "checkpoint_s": 0.15}
 one GRPO step (and the weight snapshot handed to the engines) taking fixed_s + per_token_s x the tokens
 the trainer computes (`trainer_tokens`: a trained group's shared prompt once, then every trained
 row's own tokens, padded to its micro-batch's longest row; rows whose advantage is 0 are skipped);
@@ -53,9 +53,10 @@ class TrainerProfile:
     share_prompt: bool = True
     threads: int = 1  # torch intra-op threads it was measured with
     # The executor (pearl train's local backend: one process, its cores and its GIL shared): for N rollout
-    # workers stepping while the trainer steps, (N, engine step slowdown, trainer step slowdown), each a
-    # ratio of wall times measured together and alone.
-    shared: tuple[tuple[int, float, float], ...] = ()
+    # workers, (N, engine step slowdown, trainer step slowdown while both work, engine step slowdown,
+    # trainer step slowdown while the other side waits), each the wall time of a step over the CPU
+    # time of its thread in a step alone (`pearl.runtime.twin_profile.measure_shared`).
+    shared: tuple[tuple[float, ...], ...] = ()
     # pearl train's trainer thread besides the update, per step: its logs (metrics, samples,
     # trajectories) and one checkpoint (written every `checkpoint_every` steps), wall seconds
     log_s: float = 0.0
@@ -64,13 +65,13 @@ class TrainerProfile:
     def step_time(self, tokens: float) -> float:
         return self.fixed_s + self.per_token_s * tokens
 
-    def shared_factors(self, workers: int) -> tuple[float, float]:
-        """(engine, trainer) slowdown while both run, for `workers` rollout workers (the nearest
-        measured count; (1, 1) when none was measured)."""
+    def shared_factors(self, workers: int) -> tuple[float, ...]:
+        """(engine, trainer) slowdown while both run and (engine, trainer) while the other waits, for
+        `workers` rollout workers (the nearest measured count; all 1 when none was measured)."""
         if not self.shared:
-            return 1.0, 1.0
-        n, e, t = min(self.shared, key=lambda s: (abs(s[0] - workers), -s[0]))
-        return e, t
+            return 1.0, 1.0, 1.0, 1.0
+        s = min(self.shared, key=lambda s: (abs(s[0] - workers), -s[0]))
+        return tuple(s[1:]) + (1.0, 1.0)[:5 - len(s)]
 
     @classmethod
     def from_dict(cls, d: Any, where: str) -> "TrainerProfile":
@@ -89,11 +90,11 @@ class TrainerProfile:
         d = dict(d)
         shared = d.pop("shared", [])
         ok = isinstance(shared, list) and all(
-            isinstance(x, list) and len(x) == 3 and isinstance(x[0], int) and x[0] >= 1
+            isinstance(x, list) and len(x) in (3, 5) and isinstance(x[0], int) and x[0] >= 1
             and all(isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0 for v in x[1:]) for x in shared)
         if not ok:
-            raise ConfigError(f"{where}: field 'trainer.shared' must be a list of [workers, engine factor, "
-                              f"trainer factor] (a count >= 1, two numbers > 0)")
+            raise ConfigError(f"{where}: field 'trainer.shared' must be a list of [workers, engine, trainer, "
+                              f"engine alone, trainer alone] (a count >= 1, then numbers > 0)")
         for key, val in d.items():
             bad = not isinstance(val, kinds[key]) or (isinstance(val, bool) and kinds[key] is not bool)
             if bad or (key != "clock" and not isinstance(val, bool) and val < 0):
@@ -101,7 +102,7 @@ class TrainerProfile:
         if d.get("clock", "cpu") not in ("cpu", "wall") or d.get("micro_batch_size", 1) < 1:
             raise ConfigError(f"{where}: field 'trainer': clock must be cpu or wall, micro_batch_size >= 1")
         return cls(**{k: (float(v) if kinds[k] == (int, float) else v) for k, v in d.items()},
-                   shared=tuple((int(n), float(e), float(t)) for n, e, t in shared))
+                   shared=tuple((int(x[0]), *(float(v) for v in x[1:])) for x in shared))
 
 
 def trainer_tokens(groups: Sequence[Sequence[tuple[int, int]]], micro_batch_size: int,

@@ -122,7 +122,7 @@ class SimTrainer:
 
     def _train_piece(self, trajs: list[SimTrajectory], left: float, piece: float) -> None:
         """A shared executor (`twin.shared`): the step advances in pieces, each `trainer` times slower
-        when the rollout is at work as it begins (any trajectory in flight: its thread steps engines or
+        when the rollout is at work as it begins (else `trainer_alone`) (any trajectory in flight: its thread steps engines or
         handles their turns; with none, the rollout thread sleeps until the gate opens); the step's
         record gets its real end."""
         if left <= 1e-12:
@@ -131,7 +131,7 @@ class SimTrainer:
             self._train_end(trajs)
             return
         busy = self.active > 0  # the rollout thread works while any trajectory is in flight
-        f = self.cfg.twin.shared_factors(max(1, self._busy_engines()))[1] if busy else 1.0
+        f = self.cfg.twin.shared_factors(max(1, self._busy_engines()))[1 if busy else 3]
         d = min(piece, left)
         self.clock.at(self.clock.now + d * f, self._train_piece, trajs, left - d, piece)
 
@@ -152,12 +152,12 @@ class SimTrainer:
         return sum(1 for e in self.engines.values() if e.end_t != float("inf"))
 
     def shared_step_time(self, step_time: Any) -> Any:
-        """An engine's step time in a shared executor: `engine` times longer while the trainer works
-        (the factor for the engines stepping then, this one included)."""
+        """An engine's step time in a shared executor: `engine` times longer while the trainer works,
+        else `engine_alone` (the factors for the engines stepping then, this one included)."""
         tw = self.cfg.twin
         if tw is None or not tw.shared:
             return step_time
-        return lambda *a: step_time(*a) * (tw.shared_factors(self._busy_engines() + 1)[0] if self.trainer_busy else 1.0)
+        return lambda *a: step_time(*a) * tw.shared_factors(self._busy_engines() + 1)[0 if self.trainer_busy else 2]
 
     def train_time(self, trajs: list[SimTrajectory], tokens: int, n_dev: int) -> float:
         """One pass over a batch: the twin's calibrated trainer (`twin.trainer`: the tokens it

@@ -99,7 +99,8 @@ def build_twin(cfg: TrainConfig, profile: Profile, run: RunRecords) -> ScenarioC
     layout = {"mode": "colocated"} if run.layout != "1P:1D" else {"mode": "disaggregated", "prefill": 1, "decode": n - 1}
     coeffs = {k: v for k, v in asdict(profile.coeffs).items() if v is not None}
     tr = profile.trainer
-    shared = [{"workers": k, "engine": e, "trainer": t} for k, e, t in tr.shared] if cfg.backend == "local" else None
+    keys = ("workers", "engine", "trainer", "engine_alone", "trainer_alone")
+    shared = [dict(zip(keys, s)) for s in tr.shared] if cfg.backend == "local" else None
     policy = cfg.policy.model_dump(mode="json")
     model = cfg.model if cfg.model in ("tiny", "smollm2-135m") else str(Path(cfg.model) / "config.json")
     data = {

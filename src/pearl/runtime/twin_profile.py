@@ -96,12 +96,13 @@ def _trainer_steps(trainer: Any, batch: list, n: int) -> tuple[float, float]:
 
 
 def measure_shared(cfg: TrainConfig, loaded: Any, trainer: Any, batch: list, workers: int,
-                   trainer_threads: int = 1, steps: int = 6, alone_s: float = 1.0) -> tuple[float, float]:
-    """(engine slowdown, trainer slowdown) with `workers` rollout workers at work (`cfg`'s agent loop
-    and environment) while the trainer steps: for each, the wall seconds of a step taken together
-    over the CPU seconds its own thread spends in a step alone (`time.thread_time`: what the
-    profile's CPU-clock fits price). Waiting for the GIL or a core, and CPU time inflated by a busy
-    sibling (shared caches, hyper-threads), both count."""
+                   trainer_threads: int = 1, steps: int = 6, alone_s: float = 1.0) -> tuple[float, ...]:
+    """(engine, trainer) slowdowns with `workers` rollout workers at work (`cfg`'s agent loop and
+    environment) while the trainer steps, then (engine, trainer) each running while the other waits:
+    the wall seconds of a step over the CPU seconds its own thread spends in a step alone
+    (`time.thread_time`: what the profile's CPU-clock fits price). Waiting for the GIL or a core
+    (other processes on the machine included), and CPU time inflated by a busy sibling (shared
+    caches, hyper-threads), all count."""
     ro = _Rollout(cfg, loaded, workers)
     torch.set_num_threads(1)
     t_end = time.perf_counter() + alone_s
@@ -110,10 +111,10 @@ def measure_shared(cfg: TrainConfig, loaded: Any, trainer: Any, batch: list, wor
     ro.take()
     while time.perf_counter() < t_end:
         ro.step()
-    _, alone_e = ro.take()
+    wall_e, alone_e = ro.take()
     torch.set_num_threads(trainer_threads)
     trainer.step(batch)  # warm-up
-    _, alone_t = _trainer_steps(trainer, batch, steps)
+    wall_t, alone_t = _trainer_steps(trainer, batch, steps)
     stop = threading.Event()
 
     def spin() -> None:
@@ -132,7 +133,8 @@ def measure_shared(cfg: TrainConfig, loaded: Any, trainer: Any, batch: list, wor
         stop.set()
         th.join()
         ro.agent.close()
-    return max(together_e / max(alone_e, 1e-9), 1.0), max(together_t / max(alone_t, 1e-9), 1.0)
+    return tuple(max(w / max(c, 1e-9), 1.0) for w, c in
+                 ((together_e, alone_e), (together_t, alone_t), (wall_e, alone_e), (wall_t, alone_t)))
 
 
 def measure_bookkeeping(trainer: Any, batch: list, tokenizer: Any, repeats: int = 3) -> tuple[float, float]:
@@ -200,8 +202,7 @@ def calibrate(cfg: TrainConfig, path: str | Path | None = None, *, clock: str = 
         old = torch.get_num_threads()
         try:
             for n in range(1, local + 1):
-                e, t = measure_shared(cfg, loaded, trainer, batch, n, threads)
-                shared.append((n, round(e, 4), round(t, 4)))
+                shared.append((n, *(round(f, 4) for f in measure_shared(cfg, loaded, trainer, batch, n, threads))))
         finally:
             torch.set_num_threads(old)
     trainer.step(batch)  # the optimizer's state exists, as in a run's checkpoint
