@@ -78,7 +78,11 @@ def test_profile_writes_a_profile_that_loads(tmp_path):
         assert r.returncode == 2 and len(lines) == 1 and lines[0].startswith("error: "), r.stderr
         pytest.skip("step timings too noisy to calibrate on this machine right now: " + lines[0])
     assert r.returncode == 0, r.stderr
-    assert load_profile(tmp_path / "p.json").hardware == "cpu"
+    prof = load_profile(tmp_path / "p.json")
+    assert prof.hardware == "cpu"
+    # the trainer too: its cost per step, and how much slower the engine and the trainer get when
+    # they share this process (the default config runs one local rollout worker)
+    assert prof.trainer is not None and prof.trainer.per_token_s > 0 and [s[0] for s in prof.trainer.shared] == [1]
 
 
 @pytest.mark.parametrize("args, needle", [

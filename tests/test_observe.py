@@ -292,3 +292,17 @@ def test_report_errors_are_config_errors(tmp_path):
     assert r.returncode == 2 and "Traceback" not in r.stderr
     lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
     assert len(lines) == 1 and "does not exist" in lines[0], r.stderr
+
+
+def test_trajectories_jsonl_records_every_trajectorys_shape(tmp_path):
+    from pearl.rl.trajectory import Group
+
+    trajs = [_traj(i) for i in range(4)]
+    trajs[0].info["env_s"] = [0.01, 0.02]
+    with RunLog(tmp_path, tensorboard=False) as log:
+        log.trajectories(3, [Group(0, 2, 0, trajs[:2]), Group(1, 2, 0, trajs[2:])])
+    rows = [json.loads(x) for x in (tmp_path / "trajectories.jsonl").read_text().splitlines()]
+    assert len(rows) == 4 and [r["group"] for r in rows] == [0, 0, 1, 1] and rows[3]["sample"] == 1
+    r = rows[0]
+    assert (r["step"], r["ok"], r["prompt"], r["responses"], r["observations"]) == (3, True, 3, [2, 1], [1])
+    assert r["env_s"] == [0.01, 0.02] and rows[1]["env_s"] == [] and rows[3]["reward"] == 1.5

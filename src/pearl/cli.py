@@ -264,19 +264,30 @@ def compare(
 
 @app.command()
 def profile(
-    model: str = typer.Option("tiny", help="A runnable model: tiny, smollm2-135m."),
+    model: Optional[str] = typer.Option(None, help="A runnable model: tiny, smollm2-135m (default: the config's)."),
     output: Path = typer.Option(Path("runs/profile.json"), "--out", help="Where to save the profile (JSON)."),
+    config: Optional[Path] = typer.Option(None, "--config", help="Training YAML whose trainer settings, batch and workers to measure with (default: the embedded one)."),
+    set_: list[str] = typer.Option([], "--set", help="Override a field of the training config: --set trainer.micro_batch_size=16."),
 ) -> None:
-    """Measure the torch engine on this machine and save a calibrated profile for `pearl train`."""
+    """Measure the torch engine and the GRPO trainer on this machine and save a calibrated profile."""
     from pearl.real.models import SOURCES
-    from pearl.real.profiling import calibrate_engine
+    from pearl.runtime.train_config import load_train_config
+    from pearl.runtime.twin_profile import calibrate
 
-    if model not in SOURCES:
-        raise UnknownNameError("model", model, list(SOURCES))
+    over = _parse_sets(set_)
+    if model is not None:
+        if model not in SOURCES:
+            raise UnknownNameError("model", model, list(SOURCES))
+        over["model"] = model
+    cfg = load_train_config(config, over)
+    if cfg.model not in SOURCES:
+        raise UnknownNameError("model", cfg.model, list(SOURCES))
     _check_writable(output, "--out")
-    with out.status(f"measuring {model} engine steps"):
-        prof = calibrate_engine(model, output)
-    out.print(f"saved {output} ({prof.model} on {prof.hardware})")
+    with out.status(f"measuring {cfg.model} engine steps and trainer steps"):
+        prof = calibrate(cfg, output)
+    tr = prof.trainer
+    out.print(f"saved {output} ({prof.model} on {prof.hardware}; trainer {tr.fixed_s * 1e3:.1f} ms + "
+              f"{tr.per_token_s * 1e6:.2f} us/token)")
 
 
 @app.command("convert-gguf")

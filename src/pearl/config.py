@@ -19,6 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationIn
 
 from pearl.config_estimate import EstimateConfig
 from pearl.config_schedule import Schedule
+from pearl.config_twin import TwinConfig
 from pearl.errors import ConfigError, describe, one_line
 from pearl.types import LayoutShape, Mode
 
@@ -82,11 +83,8 @@ class Frozen(BaseModel):
 
 # ---------------------------------------------------------------- distributions (workloads)
 class Dist(Frozen):
-    """A 1-D distribution for workload quantities.
-
-    lognormal: `median`, `p90`; constant: `value`; uniform: `low`, `high`; geometric: `mean` (≥1).
-    Every draw is clipped to [`min`, `cap`].
-    """
+    """A 1-D distribution for workload quantities. lognormal: `median`, `p90`; constant: `value`;
+    uniform: `low`, `high`; geometric: `mean` (≥1). Every draw is clipped to [`min`, `cap`]."""
 
     kind: Literal["lognormal", "constant", "uniform", "geometric"] = "lognormal"
     median: float | None = Field(default=None, gt=0, le=MAX_QUANTITY)
@@ -294,6 +292,7 @@ class ScenarioConfig(Frozen):
     workload: WorkloadConfig = WorkloadConfig()
     rl: RLConfig = RLConfig()
     policy: PolicyConfig = PolicyConfig()
+    twin: TwinConfig | None = None  # the digital twin of a real pearl train set-up (config_twin)
 
     @model_validator(mode="after")
     def _check(self) -> "ScenarioConfig":

@@ -140,8 +140,103 @@ class Workload:
         rng = np.random.default_rng([self.seed, 104729, group])
         return max(1, int(draw(self.dists["prompt_tokens"], rng)))
 
+    def trained(self, spec: TrajectorySpec) -> bool:
+        """Whether the trainer computes this trajectory (always, for a drawn workload)."""
+        return True
+
     def means(self) -> dict[str, float]:
         """Mean of each quantity (cached): what a predictor needs before it has observed anything."""
         if self._means is None:
             self._means = {f: dist_mean(d) for f, d in self.dists.items()}
         return self._means
+
+
+class RecordedWorkload:
+    """The trajectories a real run recorded (`trajectories.jsonl` of `pearl train`), replayed: group g
+    of the simulation is the run's g-th recorded group (cycling), its k-th trajectory that group's k-th
+    row, with the turns, token counts and environment seconds it had. `trained(spec)`: whether the
+    trainer computed the trajectory (its GRPO advantage, reward minus its group's mean, was not 0)."""
+
+    def __init__(self, rows: list[dict], name: str = "recorded"):
+        groups: dict[int, dict[int, dict]] = {}
+        for r in rows:  # a step trained again after a resume: its last record counts
+            groups.setdefault(int(r["group"]), {})[int(r["sample"])] = r
+        if not groups:
+            raise ValueError("no trajectories recorded")
+        self.name, self.schedule = name, None
+        self.groups = [[g[k] for k in sorted(g)] for _, g in sorted(groups.items())]
+        self.idle: set[tuple[int, int]] = set()  # (recorded group, row) whose advantage was 0
+        for gi, g in enumerate(self.groups):
+            ok = [r for r in g if r.get("ok", True)]
+            mean = sum(float(r["reward"]) for r in ok) / max(len(ok), 1)
+            self.idle |= {(gi, k) for k, r in enumerate(g) if not r.get("ok", True) or abs(float(r["reward"]) - mean) < 1e-9}
+        self.max_context = max(_total(r) for g in self.groups for r in g)
+        self._means: dict[str, float] | None = None
+
+    def _row(self, index: int, group: int) -> tuple[int, int]:
+        gi = group % len(self.groups)
+        return gi, index % len(self.groups[gi])
+
+    def trajectory(self, index: int, group: int, group_prompt_tokens: int | None = None,
+                   step: float = 0) -> TrajectorySpec:
+        gi, k = self._row(index, group)
+        r = self.groups[gi][k]
+        resp = tuple(max(1, int(x)) for x in r["responses"]) or (1,)
+        obs = tuple(int(x) for x in r["observations"])[:len(resp) - 1]
+        obs += (0,) * (len(resp) - 1 - len(obs))
+        env = tuple(float(x) for x in r.get("env_s", []))[:len(resp)]
+        env += (0.0,) * (len(resp) - len(env))
+        return TrajectorySpec(index, group, max(1, int(r["prompt"])), resp, obs, env)
+
+    def group_prompt_tokens(self, group: int) -> int:
+        return max(1, int(self.groups[group % len(self.groups)][0]["prompt"]))
+
+    def trained(self, spec: TrajectorySpec) -> bool:
+        return self._row(spec.index, spec.group) not in self.idle
+
+    def means(self) -> dict[str, float]:
+        """Mean of each quantity over the recorded trajectories."""
+        if self._means is None:
+            specs = [self.trajectory(k, g) for g in range(len(self.groups)) for k in range(len(self.groups[g]))]
+            n = len(specs)
+            turns = [s.turns for s in specs]
+            self._means = {"turns": sum(turns) / n, "prompt_tokens": sum(s.prompt_tokens for s in specs) / n,
+                           "response_tokens": sum(sum(s.responses) for s in specs) / max(sum(turns), 1),
+                           "observation_tokens": sum(sum(s.observations) for s in specs)
+                           / max(sum(turns) - n, 1),
+                           "env_latency_s": sum(sum(s.env_latency) for s in specs) / max(sum(turns), 1)}
+        return self._means
+
+
+def _total(r: dict) -> int:
+    return int(r["prompt"]) + sum(int(x) for x in r["responses"]) + sum(int(x) for x in r["observations"])
+
+
+def load_recorded(path: str) -> RecordedWorkload:
+    """A run's trajectories.jsonl as a `RecordedWorkload`; a missing, empty or malformed file is a
+    one-line ConfigError naming it."""
+    import json
+    from pathlib import Path
+
+    from pearl.errors import ConfigError
+
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError(f"trajectories {path!r}: no such file (a pearl train run directory's trajectories.jsonl)") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise ConfigError(f"trajectories {path!r}: cannot be read ({e})") from None
+    rows = []
+    for n, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            r = json.loads(line)
+            _total(r), int(r["group"]), int(r["sample"]), float(r["reward"]), [float(x) for x in r.get("env_s", [])]
+        except (ValueError, TypeError, KeyError) as e:
+            raise ConfigError(f"trajectories {path!r}: line {n} is not a recorded trajectory ({type(e).__name__}: {e})") from None
+        rows.append(r)
+    if not rows:
+        raise ConfigError(f"trajectories {path!r}: no trajectories recorded (did the run train a step?)")
+    return RecordedWorkload(rows, name=f"recorded:{p.name}")

@@ -1,5 +1,6 @@
 """Saved performance profiles: round trip and refusal of corrupt files."""
 import json
+from dataclasses import replace
 from datetime import datetime, timezone
 
 import pytest
@@ -71,3 +72,51 @@ def test_profile_carries_the_new_coefficients(tmp_path, profile):
     save_profile(p2, path)
     got = load_profile(path).perf_model(memory_utilization=0.9).coeffs
     assert (got.kv_eff, got.seq_overhead_s, got.combine) == (0.6, 5e-5, "per_op")
+
+
+def test_the_trainer_cost_round_trips_and_old_profiles_still_load(tmp_path, profile):
+    from pearl.perf.profile import TrainerProfile
+
+    old = save_profile(profile, tmp_path / "old.json")  # a profile as written before the trainer was measured
+    raw = json.loads(old.read_text())
+    assert "trainer" not in raw and load_profile(old).trainer is None
+    tr = TrainerProfile(0.012, 2.8e-5, 4, 0.001, clock="cpu", micro_batch_size=32, threads=1,
+                        shared=((1, 3.6, 1.9, 1.2, 1.1), (2, 4.0, 2.2)))  # 3 numbers: alone = 1
+    p = replace(profile, trainer=tr)
+    back = load_profile(save_profile(p, tmp_path / "new.json"))
+    assert back == p and back.trainer.step_time(1000) == pytest.approx(0.012 + 0.028)
+    assert back.trainer.shared_factors(2) == (4.0, 2.2, 1.0, 1.0) and back.trainer.shared_factors(3)[0] == 4.0
+    assert back.trainer.shared_factors(1) == (3.6, 1.9, 1.2, 1.1)
+    assert replace(tr, shared=()).shared_factors(1) == (1.0, 1.0, 1.0, 1.0)
+
+
+@pytest.mark.parametrize("mutate,match", [
+    (lambda t: t.pop("per_token_s"), "trainer.per_token_s"),
+    (lambda t: t.update(fixed_s="fast"), "trainer.fixed_s"),
+    (lambda t: t.update(fixed_s=-1.0), "trainer.fixed_s"),
+    (lambda t: t.update(speed=1), "trainer.speed"),
+    (lambda t: t.update(clock="sundial"), "clock must be cpu or wall"),
+    (lambda t: t.update(shared=[[0, 1.0, 1.0]]), "trainer.shared"),
+    (lambda t: t.update(shared=[[1, 2.0]]), "trainer.shared"),
+])
+def test_a_bad_trainer_section_is_one_line(tmp_path, profile, mutate, match):
+    from pearl.perf.profile import TrainerProfile
+
+    d = replace(profile, trainer=TrainerProfile(0.01, 1e-5, 3, 0.0)).to_dict()
+    mutate(d["trainer"])
+    path = tmp_path / "p.json"
+    path.write_text(json.dumps(d))
+    with pytest.raises(ConfigError, match=match) as e:
+        load_profile(path)
+    assert "\n" not in str(e.value)
+
+
+def test_trainer_tokens_counts_shared_prompts_once_and_pads_micro_batches():
+    from pearl.perf.profile import fit_trainer, trainer_tokens
+
+    g = [(10, 30), (10, 50)]  # one group: prompt 10 once, then two rows padded to 50
+    assert trainer_tokens([g], 32, share_prompt=True) == 10 + 2 * 40
+    assert trainer_tokens([g], 32, share_prompt=False) == 2 * 50
+    assert trainer_tokens([g, [(10, 20)]], 1, share_prompt=True) == 30 + 50 + 20  # one row per micro-batch
+    fit = fit_trainer([(100, 0.02), (1100, 0.12), (2100, 0.22)])
+    assert fit.fixed_s == pytest.approx(0.01) and fit.per_token_s == pytest.approx(1e-4)

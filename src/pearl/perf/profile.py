@@ -10,6 +10,16 @@ File format (version 1):
 
 A coefficient left out takes the `PerfCoeffs` default (the catalogue's fitted value; mfu and bw_eff: the
 hardware's). Since the grounding (docs/perf_model.md), `allreduce_latency_s` is per ring hop.
+
+Optional (`pearl profile` writes it; files without it still load): the trainer's cost,
+    "trainer": {"fixed_s": ..., "per_token_s": ..., "n_samples": 8, "rmse": 0.003, "clock": "cpu",
+                "micro_batch_size": 32, "share_prompt": true, "threads": 1,
+                "shared": [[1, 2.7, 2.4, 1.3, 1.2]], "log_s": 0.003, "checkpoint_s": 0.15}
+one GRPO step (and the weight snapshot handed to the engines) taking fixed_s + per_token_s x the tokens
+the trainer computes (`trainer_tokens`: a trained group's shared prompt once, then every trained
+row's own tokens, padded to its micro-batch's longest row; rows whose advantage is 0 are skipped);
+`shared`: the shared-executor slowdowns (`pearl.runtime.twin_profile`); `log_s`, `checkpoint_s`: the
+trainer thread's per-step logging and one checkpoint.
 """
 from __future__ import annotations
 
@@ -18,7 +28,7 @@ import os
 from dataclasses import asdict, dataclass, fields
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 from pearl.errors import ConfigError
 from pearl.perf.calibrate import Calibration
@@ -31,6 +41,106 @@ _COEFF_FIELDS = {f.name for f in fields(PerfCoeffs)}
 
 
 @dataclass(frozen=True)
+class TrainerProfile:
+    """A fitted trainer: seconds per step = fixed_s + per_token_s x `trainer_tokens(...)`."""
+
+    fixed_s: float
+    per_token_s: float
+    n_samples: int
+    rmse: float  # seconds
+    clock: str = "cpu"  # "cpu" (process time) or "wall"
+    micro_batch_size: int = 8
+    share_prompt: bool = True
+    threads: int = 1  # torch intra-op threads it was measured with
+    # The executor (pearl train's local backend: one process, its cores and its GIL shared): for N rollout
+    # workers, (N, engine step slowdown, trainer step slowdown while both work, engine step slowdown,
+    # trainer step slowdown while the other side waits), each the wall time of a step over the CPU
+    # time of its thread in a step alone (`pearl.runtime.twin_profile.measure_shared`).
+    shared: tuple[tuple[float, ...], ...] = ()
+    # pearl train's trainer thread besides the update, per step: its logs (metrics, samples,
+    # trajectories) and one checkpoint (written every `checkpoint_every` steps), wall seconds
+    log_s: float = 0.0
+    checkpoint_s: float = 0.0
+
+    def step_time(self, tokens: float) -> float:
+        return self.fixed_s + self.per_token_s * tokens
+
+    def shared_factors(self, workers: int) -> tuple[float, ...]:
+        """(engine, trainer) slowdown while both run and (engine, trainer) while the other waits, for
+        `workers` rollout workers (the nearest measured count; all 1 when none was measured)."""
+        if not self.shared:
+            return 1.0, 1.0, 1.0, 1.0
+        s = min(self.shared, key=lambda s: (abs(s[0] - workers), -s[0]))
+        return tuple(s[1:]) + (1.0, 1.0)[:5 - len(s)]
+
+    @classmethod
+    def from_dict(cls, d: Any, where: str) -> "TrainerProfile":
+        if not isinstance(d, dict):
+            raise ConfigError(f"{where}: field 'trainer' must be a JSON object")
+        known = {f.name: f for f in fields(cls)}
+        extra = sorted(set(d) - set(known))
+        if extra:
+            raise ConfigError(f"{where}: unknown field 'trainer.{extra[0]}'")
+        for key in ("fixed_s", "per_token_s", "n_samples", "rmse"):
+            if key not in d:
+                raise ConfigError(f"{where}: missing field 'trainer.{key}'")
+        kinds = {"fixed_s": (int, float), "per_token_s": (int, float), "rmse": (int, float), "n_samples": int,
+                 "clock": str, "micro_batch_size": int, "share_prompt": bool, "threads": int, "shared": list,
+                 "log_s": (int, float), "checkpoint_s": (int, float)}
+        d = dict(d)
+        shared = d.pop("shared", [])
+        ok = isinstance(shared, list) and all(
+            isinstance(x, list) and len(x) in (3, 5) and isinstance(x[0], int) and x[0] >= 1
+            and all(isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0 for v in x[1:]) for x in shared)
+        if not ok:
+            raise ConfigError(f"{where}: field 'trainer.shared' must be a list of [workers, engine, trainer, "
+                              f"engine alone, trainer alone] (a count >= 1, then numbers > 0)")
+        for key, val in d.items():
+            bad = not isinstance(val, kinds[key]) or (isinstance(val, bool) and kinds[key] is not bool)
+            if bad or (key != "clock" and not isinstance(val, bool) and val < 0):
+                raise ConfigError(f"{where}: field 'trainer.{key}' = {val!r} has the wrong type or is negative")
+        if d.get("clock", "cpu") not in ("cpu", "wall") or d.get("micro_batch_size", 1) < 1:
+            raise ConfigError(f"{where}: field 'trainer': clock must be cpu or wall, micro_batch_size >= 1")
+        return cls(**{k: (float(v) if kinds[k] == (int, float) else v) for k, v in d.items()},
+                   shared=tuple((int(x[0]), *(float(v) for v in x[1:])) for x in shared))
+
+
+def trainer_tokens(groups: Sequence[Sequence[tuple[int, int]]], micro_batch_size: int,
+                   share_prompt: bool = True) -> int:
+    """Tokens one GRPO step computes, from each group's trained rows as (prompt tokens, total tokens):
+    rows are cut into micro-batches of `micro_batch_size` (per group with `share_prompt`, whose rows
+    then run their common prompt once), each padded to its longest row."""
+    total = 0
+    if not share_prompt:
+        rows = [r for g in groups for r in g]
+        groups = [rows[i:i + micro_batch_size] for i in range(0, len(rows), micro_batch_size)]
+    for g in groups:
+        for i in range(0, len(g), micro_batch_size):
+            mb = g[i:i + micro_batch_size]
+            width = max(t for _, t in mb)
+            pre = min(p for p, _ in mb) if share_prompt and len(mb) > 1 else 0
+            total += pre + len(mb) * (width - pre)
+    return total
+
+
+def fit_trainer(samples: Sequence[tuple[float, float]], **kw: Any) -> TrainerProfile:
+    """Least squares of (tokens, seconds) samples for seconds = fixed_s + per_token_s x tokens (both
+    kept >= 0)."""
+    import numpy as np
+
+    x = np.array([s[0] for s in samples], float)
+    y = np.array([s[1] for s in samples], float)
+    if len(x) < 2 or np.ptp(x) == 0:
+        raise ValueError("fit_trainer needs samples at two or more token counts")
+    b, a = np.polyfit(x, y, 1)
+    if a < 0:  # a negative intercept is noise: fit through the origin
+        a, b = 0.0, float(x @ y / (x @ x))
+    b = max(float(b), 0.0)
+    rmse = float(np.sqrt(np.mean((a + b * x - y) ** 2)))
+    return TrainerProfile(float(a), b, len(x), rmse, **kw)
+
+
+@dataclass(frozen=True)
 class Profile:
     model: str
     hardware: str
@@ -40,6 +150,7 @@ class Profile:
     n_samples: int
     rmse: float  # seconds
     version: int = PROFILE_VERSION
+    trainer: TrainerProfile | None = None  # the trainer's fitted cost, when measured
 
     @classmethod
     def from_calibration(cls, cal: Calibration, model: str, hardware: str, tp: int,
@@ -49,6 +160,8 @@ class Profile:
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
+        if d["trainer"] is None:  # a profile without a trainer is written as before
+            del d["trainer"]
         return {"version": d.pop("version"), **d}
 
     @classmethod
@@ -89,8 +202,9 @@ class Profile:
             coeffs = PerfCoeffs(**c)
         except ValueError as e:
             raise ConfigError(f"{where}: field 'coeffs': {e}") from None
+        trainer = TrainerProfile.from_dict(d["trainer"], where) if d.get("trainer") is not None else None
         return cls(d["model"], d["hardware"], d["tp"], coeffs, d["fitted_at"], d["n_samples"],
-                   float(d["rmse"]), d["version"])
+                   float(d["rmse"]), d["version"], trainer)
 
     def perf_model(self, model: ModelShape | None = None, memory_utilization: float = 0.9) -> PerfModel:
         """A PerfModel with these coefficients (the model looked up by name unless given)."""

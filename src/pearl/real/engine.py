@@ -209,7 +209,7 @@ class TorchEngine:
             return []
         if self.num_threads is not None and torch.get_num_threads() != self.num_threads:
             torch.set_num_threads(self.num_threads)
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.thread_time()
         result = self.runner.run(batch.items, self._params)
         version = self.decoder.version
         for req, tok, lp in result.sampled:
@@ -219,6 +219,7 @@ class TorchEngine:
         st = self.stats
         st.steps += 1
         st.busy_s += dt
+        st.cpu_s += time.thread_time() - c0
         st.tokens_decoded += batch.n_decode
         st.tokens_prefilled += batch.prefill_tokens
         if self.log_steps:

@@ -80,6 +80,7 @@ class EngineStats:
     tokens_decoded: int = 0
     tokens_reused: int = 0  # context tokens whose KV was already here at submit (prefix reuse, import)
     busy_s: float = 0.0
+    cpu_s: float = 0.0  # CPU time of the stepping thread in those steps (busy_s / cpu_s: waits for cores, GIL)
     finished: int = 0
     aborted: int = 0
     step_log: list[tuple[int, int, int, float]] = field(default_factory=list)  # (n_decode, ctx, prefill, s)

@@ -310,6 +310,7 @@ class AgentLoop(Routing):
 
     def _close(self, ep: Episode) -> list[Group]:
         self._drop(ep.traj.id)
+        ep.traj.info["env_s"] = [round(x, 6) for x in ep.env_s]  # measured environment steps (run records)
         if ep.traj.status is Status.OK:
             self.finished.append(_as_spec(ep, self.finished_count))
             self.finished_count += 1
@@ -320,7 +321,8 @@ class AgentLoop(Routing):
 
     def engine_stats(self) -> dict[str, float]:
         s = [e.stats for e in self.engines]
-        return {"engine_busy_s": sum(x.busy_s for x in s), "engine_steps": sum(x.steps for x in s),
+        return {"engine_busy_s": sum(x.busy_s for x in s), "engine_cpu_s": sum(getattr(x, "cpu_s", 0.0) for x in s),
+                "engine_steps": sum(x.steps for x in s),
                 "tokens_prefilled": sum(x.tokens_prefilled for x in s),
                 "tokens_decoded": sum(x.tokens_decoded for x in s),
                 "tokens_reused": sum(x.tokens_reused for x in s)}

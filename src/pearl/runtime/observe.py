@@ -15,6 +15,10 @@ Files in `out_dir` (created if missing; a new `RunLog` starts metrics.jsonl and 
   loss mask, behaviour log-probs, per-token policy versions, rewards, status) plus `step`, `reward`
   (the episode return), `text` (all tokens decoded) and `segments` (the text cut where the loss mask
   changes: `{"model": bool, "text": str}`, so prompts/observations and model turns read apart);
+- `trajectories.jsonl`: one row per trajectory of every group the trainer took (`trajectories`):
+  `step`, `group`, `sample`, `ok`, `reward`, and its shape — `prompt` (tokens before the first model
+  token), `responses` (tokens of each model turn), `observations` (tokens between two model turns) and
+  `env_s` (seconds each environment step took, as waited); what `pearl.runtime.twin` replays;
 - `tensorboard/`: event files (`torch.utils.tensorboard.SummaryWriter`) with one scalar per numeric
   field of each `step` call (nested dicts flattened as `outer/inner`; booleans and strings skipped),
   at global step `metrics["step"]` (else the call count);
@@ -30,6 +34,7 @@ one lock serialises them. `close` is idempotent; calls after it raise `RuntimeEr
 """
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import threading
@@ -39,7 +44,7 @@ from typing import Any
 
 from pearl.runtime.trace import Trace
 
-__all__ = ["RunLog"]
+__all__ = ["RunLog", "shape"]
 
 
 def _clean(x: Any) -> Any:
@@ -63,6 +68,17 @@ def _scalars(metrics: dict[str, Any], prefix: str = "") -> list[tuple[str, float
         elif isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v):
             out.append((f"{prefix}{k}", float(v)))
     return out
+
+
+def shape(loss_mask: list[int]) -> dict[str, Any]:
+    """A trajectory's shape from its loss mask: `prompt` (tokens before the first model token),
+    `responses` (each run of model tokens), `observations` (the non-model runs between two of them)."""
+    runs = [(m, sum(1 for _ in g)) for m, g in itertools.groupby(loss_mask)]
+    prompt = runs[0][1] if runs and runs[0][0] == 0 else 0
+    first = next((i for i, (m, _) in enumerate(runs) if m == 1), len(runs))
+    resp = [n for m, n in runs if m == 1]
+    obs = [n for m, n in runs[first:] if m == 0][:max(len(resp) - 1, 0)]
+    return {"prompt": prompt, "responses": resp, "observations": obs}
 
 
 def _decode(tokenizer: Any, ids: list[int]) -> str | None:
@@ -92,8 +108,10 @@ class RunLog:
         self.metrics_path = self.out_dir / "metrics.jsonl"
         self.samples_path = self.out_dir / "samples.jsonl"
         self.trace_path = self.out_dir / "trace.json"
-        if not resume or not self.metrics_path.exists():
-            self.metrics_path.write_text("")
+        self.trajectories_path = self.out_dir / "trajectories.jsonl"
+        for p in (self.metrics_path, self.trajectories_path):
+            if not resume or not p.exists():
+                p.write_text("")
         if not resume or not self.samples_path.exists():
             self.samples_path.write_text("")
         self._lock = threading.Lock()
@@ -142,6 +160,16 @@ class RunLog:
             if rows:
                 with open(self.samples_path, "a", encoding="utf-8") as f:
                     f.write("".join(r + "\n" for r in rows))
+
+    def trajectories(self, step: int, groups: list) -> None:
+        """Append one row per trajectory of `groups` (`Group`s of `Trajectory`s) to trajectories.jsonl."""
+        rows = [json.dumps(_clean({"step": step, "group": t.group_id, "sample": t.sample_index, "ok": t.ok,
+                                   "reward": t.reward, **shape(t.loss_mask), "env_s": t.info.get("env_s", [])}))
+                for g in groups for t in g.trajs]
+        with self._lock:
+            self._check_open()
+            with open(self.trajectories_path, "a", encoding="utf-8") as f:
+                f.write("".join(r + "\n" for r in rows))
 
     def span(self, name: str, cat: str, start_s: float, end_s: float, track: str,
              args: dict | None = None) -> None:

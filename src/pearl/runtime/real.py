@@ -373,6 +373,7 @@ class Run:
                 self.history.append(m)
                 self.log.step(m)
                 self.log.samples(step, batch or groups[0].trajs, self.loaded.tokenizer)
+                self.log.trajectories(step, groups)  # every trajectory's shape: the digital twin's workload
                 if step % cfg.log_every == 0 or step == cfg.max_steps:
                     self._log(m)
                 self.steps_done = step

@@ -27,7 +27,7 @@ from pearl.runtime.sim_control import SimControl
 from pearl.types import Pool, Role, WorkerPhase
 from pearl.rl.trajectory import Group
 from pearl.runtime.sim_records import SimTrajectory
-from pearl.runtime.sim_trainer import SimTrainer
+from pearl.runtime.sim_trainer import SimTrainer, twin_coeffs, twin_workload
 from pearl.workloads import TrajectorySpec, Workload
 
 FINISHED_KEPT = 512  # recent finished trajectories an observation shows the controller
@@ -39,11 +39,11 @@ class Simulator(SimTrainer):
         self.clock = VirtualClock()
         self.model = get_model(cfg.model)
         self.hw = get_hardware(cfg.cluster.hardware)
-        self.perf = PerfModel(self.model, self.hw, tp=cfg.engine.tp,
+        self.perf = PerfModel(self.model, self.hw, tp=cfg.engine.tp, coeffs=twin_coeffs(cfg.twin),
                               memory_utilization=cfg.engine.memory_utilization)
         self.kv_capacity = self.perf.kv_capacity_tokens()
         self._perfs: dict[int, PerfModel] = {cfg.engine.tp: self.perf}
-        self.workload = Workload(cfg.workload, cfg.seed)
+        self.workload = twin_workload(cfg.twin) or Workload(cfg.workload, cfg.seed)
         rl = cfg.rl
         self.batch_trajs = rl.prompts_per_batch * rl.group_size
         self.gate = StalenessGate(self.batch_trajs, rl.staleness, rl.max_concurrent_trajectories)
@@ -108,7 +108,7 @@ class Simulator(SimTrainer):
         t = self.clock.now
         wid = self.state.start_worker(t, devices, role, self.version)
         pm = self.perf_for(len(devices))
-        eng = EmulatedEngine(wid, role, pm.step_time, pm.kv_capacity_tokens(), self.cfg.engine.max_num_seqs,
+        eng = EmulatedEngine(wid, role, self.shared_step_time(pm.step_time), pm.kv_capacity_tokens(), self.cfg.engine.max_num_seqs,
                              self.cfg.engine.max_batched_tokens, self._on_done, self.version)
         eng.devices = devices
         eng.on_plan = self._on_plan
@@ -279,7 +279,8 @@ class Simulator(SimTrainer):
     def _on_done(self, eng: EmulatedEngine, r: Request, t: float) -> None:
         tr: SimTrajectory = r.meta
         tr.min_version = min(tr.min_version, eng.version)
-        if r.prefill_only:  # hand the KV to a decode worker
+        if r.prefill_only and r.num_generated < r.max_new_tokens:  # hand the KV to a decode worker (a
+            # turn whose only token came with its prefill ends here, as in the real engine: no hand-off)
             r.prefill_only = False
             cands = self.serving(Role.DECODE) or self.serving(Role.MIXED)
             if not cands:  # no decode-capable worker: wait for one
@@ -295,10 +296,10 @@ class Simulator(SimTrainer):
         tr.ctx = r.num_tokens
         tr.turn += 1
         if tr.turn >= tr.spec.turns:
-            self.clock.at(t + tr.spec.env_latency[-1], self._finish_trajectory, tr)  # final reward
+            self.clock.at(t + self.env_wait(t, tr.spec.env_latency[-1]), self._finish_trajectory, tr)  # final reward
             return
         tr.in_env = True
-        self.clock.at(t + tr.spec.env_latency[tr.turn - 1], self._env_done, tr)
+        self.clock.at(t + self.env_wait(t, tr.spec.env_latency[tr.turn - 1]), self._env_done, tr)
 
     def _arrive_decode(self, tr: SimTrajectory, r: Request, dst: EmulatedEngine) -> None:
         dst.incoming_tokens = max(0, dst.incoming_tokens - r.num_tokens)

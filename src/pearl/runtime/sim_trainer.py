@@ -4,24 +4,79 @@ step timed by the performance model, the weight push, and the controller told th
 (`TrainerIdle`). A mixin of `pearl.runtime.sim.Simulator`: it uses the simulator's state."""
 from __future__ import annotations
 
+from dataclasses import fields
 from typing import Any
 
 from pearl.control.observation import TrainerIdle, TrainerNeedsDevices
+from pearl.errors import ConfigError, one_line
+from pearl.perf.profile import trainer_tokens
+from pearl.perf.roofline import PerfCoeffs
+from pearl.workloads import load_recorded
 from pearl.rl.trajectory import Group
 from pearl.runtime.sim_records import SimTrajectory
 from pearl.types import WorkerPhase
 
-__all__ = ["SimTrainer"]
+__all__ = ["SimTrainer", "twin_coeffs", "twin_workload"]
+
+TRAIN_PIECES = 16  # a shared executor's training step advances in this many pieces
+
+
+def twin_coeffs(twin: Any) -> PerfCoeffs:
+    """The engine coefficients of a twin scenario (`ScenarioConfig.twin`), else the catalogue's."""
+    if twin is None or not twin.engine_coeffs:
+        return PerfCoeffs()
+    known = [f.name for f in fields(PerfCoeffs)]
+    bad = sorted(set(twin.engine_coeffs) - set(known))
+    if bad:
+        raise ConfigError(f"scenario: field 'twin.engine_coeffs': unknown coefficient {bad[0]!r}; known: {', '.join(known)}")
+    try:
+        return PerfCoeffs(**twin.engine_coeffs)
+    except (TypeError, ValueError) as e:
+        raise ConfigError(f"scenario: field 'twin.engine_coeffs': {one_line(str(e))}") from None
+
+
+def twin_workload(twin: Any) -> Any:
+    """A twin scenario's recorded trajectories (`pearl.workloads.RecordedWorkload`), else None."""
+    return load_recorded(twin.trajectories) if twin is not None and twin.trajectories else None
 
 
 class SimTrainer:
     cfg: Any
     clock: Any
+    next_train_gid = 0  # batch_order "admission": the next group the trainer takes
+
+    def _take_in_order(self, need: int) -> list[Group] | None:
+        """pearl train's rule (`twin.batch_order: admission`): the next `need` groups by admission
+        order once every one has finished; groups staler than η are discarded, the rest trained."""
+        want = range(self.next_train_gid, self.next_train_gid + need)
+        ready = {g.gid: g for g in self.ready}
+        if any(gid not in ready for gid in want):
+            return None
+        self.next_train_gid += need
+        self.ready = [g for g in self.ready if g.gid not in want]
+        batch = []
+        for gid in want:
+            g = ready[gid]
+            if self.version - g.min_version > self.cfg.rl.staleness:
+                self.discarded += g.size
+                self.gate.on_discard(g.size)
+            else:
+                batch.append(g)
+        return batch
+
     def _maybe_train(self) -> None:
-        need = self.cfg.rl.prompts_per_batch
-        if self.trainer_busy or len(self.ready) < need:
-            return
+        need, most = self.cfg.rl.prompts_per_batch, self.cfg.max_train_steps
+        if self.trainer_busy or len(self.ready) < need or (most is not None and len(self.steps) >= most):
+            return  # (a trainer-bound run would otherwise go on training past max_train_steps)
         t = self.clock.now
+        if self.cfg.twin is not None and self.cfg.twin.batch_order == "admission":
+            got = self._take_in_order(need)
+            if not got:
+                if got is not None:  # all stale: slots went back to the gate
+                    self._admit()
+                return
+            self._start(got, t)
+            return
         self.ready.sort(key=lambda g: (g.min_version, g.gid))  # oldest first: fewest discards
         batch, keep = [], []
         for g in self.ready:
@@ -37,6 +92,9 @@ class SimTrainer:
             self.ready.extend(batch)
             self._admit()
             return
+        self._start(batch, t)
+
+    def _start(self, batch: list[Group], t: float) -> None:
         self.batch_ready_t.append(t)
         wait_devices = self.driver.event(TrainerNeedsDevices())  # borrowed devices must come back
         self.trainer_busy = True
@@ -49,7 +107,7 @@ class SimTrainer:
         trajs = [tr for g in batch for tr in g.trajs]
         tokens = sum(tr.spec.total_tokens for tr in trajs)
         n_dev = len(self.train_devices)
-        dur = self.perf.train_step_time(tokens, n_dev, self.cfg.rl.train_mfu) * self.cfg.rl.train_passes
+        dur = self.train_time(trajs, tokens, n_dev) * self.cfg.rl.train_passes
         idle = t_ready - self.trainer_idle_since
         for tr in trajs:
             self.staleness_hist[self.version - tr.min_version] += 1
@@ -57,7 +115,61 @@ class SimTrainer:
                                train_s=dur, trainer_idle_s=idle, device_wait_s=t - t_ready,
                                trajectories=len(trajs), tokens=tokens,
                                max_staleness=max(self.version - tr.min_version for tr in trajs)))
-        self.clock.at(t + dur, self._train_end, trajs)
+        if self.cfg.twin is None or not self.cfg.twin.shared:
+            self.clock.at(t + dur, self._train_end, trajs)
+        else:
+            self._train_piece(trajs, dur, dur / TRAIN_PIECES)
+
+    def _train_piece(self, trajs: list[SimTrajectory], left: float, piece: float) -> None:
+        """A shared executor (`twin.shared`): the step advances in pieces, each `trainer` times slower
+        when the rollout is at work as it begins (else `trainer_alone`) (any trajectory in flight: its thread steps engines or
+        handles their turns; with none, the rollout thread sleeps until the gate opens); the step's
+        record gets its real end."""
+        if left <= 1e-12:
+            t, s = self.clock.now, self.steps[-1]
+            s["t_end"], s["train_s"] = t, t - s["t_start"]
+            self._train_end(trajs)
+            return
+        busy = self.active > 0  # the rollout thread works while any trajectory is in flight
+        f = self.cfg.twin.shared_factors(max(1, self._busy_engines()))[1 if busy else 3]
+        d = min(piece, left)
+        self.clock.at(self.clock.now + d * f, self._train_piece, trajs, left - d, piece)
+
+    _env_batch = (-1.0, 0.0)  # (turn end, its environment wait): the twin's agent-loop batch
+
+    def env_wait(self, t: float, latency: float) -> float:
+        """A turn's environment wait. In a twin scenario the agent loop's rule: the turns an engine
+        step ends are handed to their environments together and collected together (pearl train's
+        rollout thread collects every finished environment step at once), so every turn ending at `t`
+        waits as long as the first (the recorded seconds of a turn are as waited by that loop)."""
+        if self.cfg.twin is None:
+            return latency
+        if self._env_batch[0] != t:
+            self._env_batch = (t, latency)
+        return self._env_batch[1]
+
+    def _busy_engines(self) -> int:
+        return sum(1 for e in self.engines.values() if e.end_t != float("inf"))
+
+    def shared_step_time(self, step_time: Any) -> Any:
+        """An engine's step time in a shared executor: `engine` times longer while the trainer works,
+        else `engine_alone` (the factors for the engines stepping then, this one included)."""
+        tw = self.cfg.twin
+        if tw is None or not tw.shared:
+            return step_time
+        return lambda *a: step_time(*a) * tw.shared_factors(self._busy_engines() + 1)[0 if self.trainer_busy else 2]
+
+    def train_time(self, trajs: list[SimTrajectory], tokens: int, n_dev: int) -> float:
+        """One pass over a batch: the twin's calibrated trainer (`twin.trainer`: the tokens it
+        computes, trajectories with a zero advantage skipped), else the roofline at `rl.train_mfu`."""
+        tw = self.cfg.twin
+        if tw is None or tw.trainer is None:
+            return self.perf.train_step_time(tokens, n_dev, self.cfg.rl.train_mfu)
+        c, groups = tw.trainer, {}
+        for tr in trajs:
+            if self.workload.trained(tr.spec):
+                groups.setdefault(tr.spec.group, []).append((tr.spec.prompt_tokens, tr.spec.total_tokens))
+        return c.fixed_s + c.per_token_s * trainer_tokens(list(groups.values()), c.micro_batch_size, c.share_prompt)
 
     def _train_end(self, trajs: list[SimTrajectory]) -> None:
         t = self.clock.now

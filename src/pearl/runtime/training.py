@@ -182,9 +182,27 @@ def summarize(history: list[dict[str, Any]], run: Run, wall_s: float) -> dict[st
             "staleness_eta": run.cfg.staleness, "staleness_max": max(st, default=0),
             "staleness_mean": mean([float(x) for x in st]) or 0.0, "layout_decision": run.layout_decision,
             "trainer_device_wait_max_s": round(max(run.device_waits, default=0.0), 4),
+            **dict(zip(("trainer_busy_s", "trainer_cpu_s"), (round(x, 4) for x in getattr(run, "trainer_time", (0, 0))))),
             "controller": run.control.summary(),
             "decisions": run.control.driver.decisions if run.control else [],
             **run.agent.engine_stats()}
+
+
+def _time_trainer(run: Run) -> None:
+    """Sum the wall and the trainer thread's CPU seconds of every GRPO step into `run.trainer_time`
+    (summary.json: trainer_busy_s / trainer_cpu_s; their ratio is how much the shared process slowed
+    it, which the digital twin reads)."""
+    step, run.trainer_time = run.trainer.step, [0.0, 0.0]
+
+    def timed(batch: Any) -> Any:
+        w0, c0 = time.perf_counter(), time.thread_time()
+        try:
+            return step(batch)
+        finally:
+            run.trainer_time[0] += time.perf_counter() - w0
+            run.trainer_time[1] += time.thread_time() - c0
+
+    run.trainer.step = timed
 
 
 class _Saver:
@@ -250,6 +268,7 @@ def run_training(config_path: Path | None, overrides: dict[str, Any] | None, out
     set_interop_threads(cfg.threads.interop or 1)
     t0 = time.perf_counter()
     run = Run(cfg, console, out_dir)
+    _time_trainer(run)
     run.log = RunLog(out_dir, resume=state is not None)
     saver = _Saver(run, out_dir)
     run.on_step = saver

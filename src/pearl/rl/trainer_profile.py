@@ -1,0 +1,103 @@
+"""Profile the real GRPO trainer: time a few steps on synthetic batches of different token counts and
+fit seconds = fixed_s + per_token_s x tokens (`pearl.perf.profile.TrainerProfile`), the trainer's
+part of the profile `pearl profile` writes.
+
+A synthetic batch is `groups` GRPO groups of `group_size` rows; each group's rows share one prompt and
+alternate rewards 0 and 1 (so every row has a non-zero advantage and is trained); rows have `turns`
+model turns of `response_tokens` each with `observation_tokens` between them, the number of turns
+varying over the rows of a batch (so micro-batches are padded as in a real run). A step is timed
+with the weight snapshot that `pearl train` hands the engines after it. The tokens of a step are
+`pearl.perf.profile.trainer_tokens` of its rows, the same count the simulator prices.
+
+Each step is timed on the wall clock and on this process's CPU clock (`time.process_time`); with one
+intra-op thread the CPU clock is what the step would take on an idle core (robust on a busy machine).
+"""
+from __future__ import annotations
+
+import copy
+import random
+import statistics
+import time
+from typing import Any, Sequence
+
+import torch
+
+from pearl.perf.profile import TrainerProfile, fit_trainer, trainer_tokens
+from pearl.rl.trainer import GRPOTrainer, TrainerConfig
+from pearl.rl.trajectory import Trajectory
+
+__all__ = ["synthetic_batch", "measure_trainer", "calibrate_trainer"]
+
+
+def synthetic_batch(turns: int, groups: int, group_size: int, prompt_tokens: int = 48, response_tokens: int = 1,
+                    observation_tokens: int = 24, vocab: int = 256, seed: int = 0) -> list[Trajectory]:
+    """`groups` x `group_size` finished trajectories; row i of a group has 1 + (i mod `turns`) turns...
+    up to `turns` (so a batch holds several lengths), rewards alternate 0 / 1 within a group."""
+    rng = random.Random(seed)
+    tok = lambda n: [rng.randrange(vocab) for _ in range(n)]  # noqa: E731
+    out = []
+    for g in range(groups):
+        prompt = tok(prompt_tokens)
+        for i in range(group_size):
+            t = Trajectory(id=f"s{g}-{i}", group_id=g, sample_index=i)
+            t.append_prompt(prompt)
+            k = max(1, turns - (i % 2) * (turns // 2))  # two lengths per group: turns and about half
+            for j in range(k):
+                t.append_model(tok(response_tokens), [-1.0] * response_tokens, 0)
+                if j + 1 < k:
+                    t.append_env(tok(observation_tokens))
+            t.add_reward(float(i % 2 == (g % 2)))
+            t.finish()
+            out.append(t)
+    return out
+
+
+def batch_tokens(batch: Sequence[Trajectory], cfg: TrainerConfig) -> int:
+    """`trainer_tokens` of a batch whose rows all have a non-zero advantage."""
+    groups: dict[int, list[tuple[int, int]]] = {}
+    for t in batch:
+        groups.setdefault(t.group_id, []).append((t.prompt_length, len(t)))
+    return trainer_tokens(list(groups.values()), cfg.micro_batch_size, cfg.share_prompt)
+
+
+def measure_trainer(model: Any, cfg: TrainerConfig, groups: int = 2, group_size: int = 16,
+                    turn_counts: Sequence[int] = (1, 3, 6, 10), repeats: int = 3, vocab: int = 256,
+                    response_tokens: int = 1, observation_tokens: int = 24,
+                    allowed_token_ids: Sequence[int] | None = None) -> list[tuple[int, float, float]]:
+    """(tokens, wall s, CPU s) per batch size: the median of `repeats` timed steps after one untimed
+    step, on a private copy of `model` (the caller's weights are not changed)."""
+    m = copy.deepcopy(model)
+    m.requires_grad_(True)
+    trainer = GRPOTrainer(m, cfg, allowed_token_ids=allowed_token_ids)
+    out = []
+    for k in turn_counts:
+        batch = synthetic_batch(k, groups, group_size, response_tokens=response_tokens,
+                                observation_tokens=observation_tokens, vocab=vocab, seed=k)
+        trainer.step(batch)  # warm-up: allocator, autograd graph shapes
+        walls, cpus = [], []
+        for _ in range(repeats):
+            w0, c0 = time.perf_counter(), time.process_time()
+            trainer.step(batch)
+            trainer.state_dict_snapshot()
+            walls.append(time.perf_counter() - w0)
+            cpus.append(time.process_time() - c0)
+        out.append((batch_tokens(batch, cfg), statistics.median(walls), statistics.median(cpus)))
+    return out
+
+
+def calibrate_trainer(model: Any, cfg: TrainerConfig, threads: int = 1, clock: str = "cpu",
+                      **kw: Any) -> TrainerProfile:
+    """Measure `model` under trainer settings `cfg` with `threads` intra-op threads and fit the
+    profile. The CPU clock is used only with one thread (with more it sums the threads' time)."""
+    if clock not in ("cpu", "wall"):
+        raise ValueError(f"clock must be cpu or wall, got {clock!r}")
+    clock = "wall" if threads > 1 else clock
+    old = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        rows = measure_trainer(model, cfg, **kw)
+    finally:
+        torch.set_num_threads(old)
+    samples = [(tok, cpu if clock == "cpu" else wall) for tok, wall, cpu in rows]
+    return fit_trainer(samples, clock=clock, micro_batch_size=cfg.micro_batch_size,
+                       share_prompt=cfg.share_prompt, threads=threads)
