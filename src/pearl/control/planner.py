@@ -254,12 +254,13 @@ def plan_transition(workers: Sequence[WorkerView], free: Sequence[DeviceView], t
     other = sorted((w for w in workers if len(w.devices) not in sizes), key=lambda w: w.id)
     _check_unique(workers, free)
     _check_capacity(workers, free, target)
+    surplus = _surplus(workers, groups[1:], costs, device_nodes or {})
     flips: list[tuple[WorkerView, Role]] = []
     stops: list[WorkerView] = []
     starts: list[tuple[_Slot, Role]] = []
-    free_left, freed_left = list(free), list(other)
+    free_left, freed_left = list(free), other + surplus
     for tp, roles in groups:
-        keep = sorted((w for w in workers if len(w.devices) == tp), key=lambda w: w.id)
+        keep = sorted((w for w in workers if len(w.devices) == tp and w not in surplus), key=lambda w: w.id)
         slots = _slots(free_left, freed_left, tp, device_nodes)
         _check_slots(target, len(roles), tp, len(keep) + len(slots))
         cols = _assign_group(keep, slots, roles, costs, tp)
@@ -270,13 +271,30 @@ def plan_transition(workers: Sequence[WorkerView], free: Sequence[DeviceView], t
         new = [(sl, roles[c]) for sl, c in zip(slots, cols[len(keep):]) if c < n_t]
         starts += new
         free_left, freed_left = _left(free_left, freed_left, {d for sl, _ in new for d in sl.devices}, out)
-    return _ordered(target, flips, stops + other, starts, costs, sizes)
+    return _ordered(target, flips, stops + surplus + other, starts, costs, sizes)
+
+
+def _surplus(workers: Sequence[WorkerView], later: Sequence[tuple[int, list[Role]]], costs: TransitionCosts,
+             nodes: Mapping[int, int]) -> list[WorkerView]:
+    """Workers of a later tp group's size beyond that group's role slots: they stop whatever the plan,
+    so the earlier (larger) group may start on their devices. Which ones: the same assignment as
+    the group's own, without start slots; among equals, the last in (node, device) order, so that
+    the devices released fill whole nodes."""
+    out: list[WorkerView] = []
+    for tp, roles in later:
+        same = sorted((w for w in workers if len(w.devices) == tp), key=lambda w: w.id)
+        if len(same) > len(roles):
+            order = sorted(range(len(same)), key=lambda i: (nodes.get(same[i].devices[0], -1), same[i].devices))
+            cols = _assign_group(same, [], roles, costs, tp, [1e-6 * (len(same) - order.index(i)) for i in range(len(same))])
+            out += [w for w, c in zip(same, cols) if c >= len(roles)]
+    return out
 
 
 def _assign_group(keep: Sequence[WorkerView], slots: Sequence[_Slot], roles: Sequence[Role],
-                  costs: TransitionCosts, tp: int) -> list[int]:
+                  costs: TransitionCosts, tp: int, stop_bias: Sequence[float] = ()) -> list[int]:
     """The min-cost assignment of the workers of one size (`keep`) and the start `slots` of that size
-    to the role slots (`roles`) or out (stop / unused): each row's column."""
+    to the role slots (`roles`) or out (stop / unused): each row's column. `stop_bias`: a tie-break
+    added to each worker's stop."""
     n_rows, n_t = len(keep) + len(slots), len(roles)
     n_cols = n_rows  # target slots + (n_rows - n_t) out columns: every row gets exactly one
     ops, sec = np.zeros((n_rows, n_cols)), np.zeros((n_rows, n_cols))
@@ -290,7 +308,7 @@ def _assign_group(keep: Sequence[WorkerView], slots: Sequence[_Slot], roles: Seq
                 ops[i, j] = 1
                 sec[i, j] = costs.flip_s * k + (move if _must_migrate(w.role, r) else 0.0) \
                     + _penalty(r, w.transient, costs)
-        ops[i, n_t:], sec[i, n_t:] = 1, costs.stop_s * k + move
+        ops[i, n_t:], sec[i, n_t:] = 1, costs.stop_s * k + move + (stop_bias[i] if stop_bias else 0.0)
     for i, s in enumerate(slots, start=len(keep)):
         for j, r in enumerate(roles):
             ops[i, j] = 1
