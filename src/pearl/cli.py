@@ -255,11 +255,13 @@ def compare(
     output: Path = typer.Option(Path("runs/compare"), "--out", help="Directory for results.json and the PNGs."),
     jobs: int = typer.Option(2, parser=_int_in(1, 256), help="Simulations run in parallel (processes)."),
     duration: Optional[float] = typer.Option(None, parser=_float_in(0, MAX_DURATION_S), help="Override duration_s."),
+    set_: list[str] = typer.Option([], "--set", help="Override any field: --set policy.per_role_tp=true (repeatable)."),
 ) -> None:
     """Every policy (baselines as configured and tuned, pearl, bound, ablations) on the same seeds: table + PNGs."""
     from pearl.runtime.compare_cli import run_compare
 
-    run_compare(scenario, seeds, output, jobs, duration, lambda s: out.print(s, soft_wrap=True, markup=False, highlight=False))
+    run_compare(scenario, seeds, output, jobs, duration, lambda s: out.print(s, soft_wrap=True, markup=False, highlight=False),
+                _parse_sets(set_))
 
 
 @app.command()

@@ -148,3 +148,21 @@ def test_layout_prefill_tp_is_checked():
     with pytest.raises(ConfigError, match=r"layout.prefill_tp \(16\) is larger than cluster.devices_per_node \(8\)"):
         _scenario(cluster={"rollout_devices": 20}, layout={"mode": "disaggregated", "prefill": 1, "decode": 4,
                                                            "prefill_tp": 16})
+
+
+def test_tuner_gives_static_pd_and_bound_the_same_knob_when_pearl_has_it():
+    from pearl.runtime.tuning import Knobs, bound_candidates, candidates, configure, pair_ratios
+
+    off = _scenario()
+    on = _scenario(policy={"name": "pearl", "per_role_tp": True})
+    assert not any(k.prefill_tp for k in candidates(off, "static-pd"))
+    pd = candidates(on, "static-pd")
+    pairs = [k for k in pd if k.prefill_tp is not None]
+    assert pairs and all(k.prefill * k.prefill_tp + k.decode * k.tp == 8 and k.prefill_tp != k.tp for k in pairs)
+    assert Knobs(1, None, 1, 4, 4) in pairs and Knobs(4, None, 4, 1, 1) in pairs
+    assert not any(k.prefill_tp for k in candidates(on, "fixed"))  # colocated baselines: nothing to split
+    assert any(k.prefill_tp for k, _ in bound_candidates(on, 8.0))
+    assert pair_ratios(8, 4, 1) == [1] and pair_ratios(8, 1, 2) == [2, 4]
+    c = configure(on, Knobs(1, None, 1, 4, 4).overrides())
+    assert str(c.layout.shape(8, c.engine.tp)) == "1P@tp4:4D@tp1"
+    assert configure(c, Knobs(2).overrides()).layout.prefill_tp is None  # a colocated knob clears it
