@@ -23,6 +23,9 @@ segments at the sorted T_i; within one the alive set is fixed and, per decode-ca
   it are evicted: the next turn recomputes the whole context in the prefill queue (a mixed worker's
   chunks, or a prefill worker's queue unless that worker's own KV still holds it: then it is re-sent);
 - the tail: late segments hold few trajectories, so the longest finish at low concurrency.
+- per-role tp (`LayoutShape.tp_prefill`): prefill work (a prefill worker's steps, the first prompts'
+  burst, recomputed contexts, its KV capacity) is timed with the prefill workers' model, decode with
+  the decode workers'; a hand-off between the two moves at the slower side's links.
 A trajectory decodes a steady share of its life, so its tokens see the harmonic mean τ_h of the step
 time over [0, T_i]. Its mates are a random draw fixed for life; linearised, they spread T_i by σ_i.
 Completion = E[max] of T_i ~ N(T_i, σ_i): known trajectories as they are, a sampled class as n_c
