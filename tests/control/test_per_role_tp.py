@@ -166,3 +166,22 @@ def test_tuner_gives_static_pd_and_bound_the_same_knob_when_pearl_has_it():
     c = configure(on, Knobs(1, None, 1, 4, 4).overrides())
     assert str(c.layout.shape(8, c.engine.tp)) == "1P@tp4:4D@tp1"
     assert configure(c, Knobs(2).overrides()).layout.prefill_tp is None  # a colocated knob clears it
+
+
+def test_pearl_switches_into_a_per_role_layout_in_the_simulator():
+    """A prefill-heavy workload (8 turns of ~6k-token observations, ~100-token answers) on 8 devices,
+    tp 1 or 4: PEARL with the knob ranks per-role shapes, switches into one, and the simulator runs
+    its workers at their own sizes (tp1 prefill workers beside a tp4 decode worker)."""
+    ln = lambda m, p, cap, lo=1.0: dict(kind="lognormal", median=m, p90=p, cap=cap, min=lo)  # noqa: E731
+    wl = dict(profile="search", turns=dict(kind="constant", value=8), observation_tokens=ln(6000, 10000, 16000),
+              response_tokens=ln(100, 200, 400), env_latency_s=ln(0.1, 0.3, 2, 0.01), max_context=131072)
+    cfg = _scenario(duration_s=300.0, workload=wl, rl={"prompts_per_batch": 16, "group_size": 8},
+                    policy={"name": "pearl", "per_role_tp": True, "tps": [1, 4]})
+    sim = Simulator(cfg)
+    res = sim.run()
+    into = [d for d in res["decisions"] if d["switch"] and "P@tp" in d["chosen"]]
+    assert into, [(d["chosen"], d["reason"][:60]) for d in res["decisions"]]
+    t = into[0]["t"]
+    started = [e for e in sim.state.timeline() if e["kind"] == "worker_started" and e["t"] >= t]
+    assert any(e["role"] == "prefill" and len(e["devices"]) == 1 for e in started)
+    sim.state.check_invariants()
