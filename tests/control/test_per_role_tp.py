@@ -75,6 +75,16 @@ def test_selector_ranks_pairs_only_when_allowed():
     assert all(s.n_devices == 8 for s in ranked_on)
 
 
+@pytest.mark.parametrize("profile,n", [("web", 64), ("swe", 32)])
+def test_coarse_search_with_pairs_finds_the_exhaustive_best(profile, n):
+    stats = WorkloadStats.from_workload(Workload(WorkloadConfig(profile=profile), 0), 256)
+    perfs = {tp: PM1.with_tp(tp) for tp in (1, 2, 4)}
+    fast = select(n, perfs, EngineConfig(), stats, BatchState.fresh(512), per_role=True)
+    full = select(n, perfs, EngineConfig(), stats, BatchState.fresh(512), shapes=candidates(n, (1, 2, 4), per_role=True))
+    assert fast.evaluated < full.evaluated
+    assert fast.ranked[0][3] <= full.ranked[0][3] * 1.01
+
+
 def _applied(workers, plan):
     live = {w.id: (w.devices, w.role) for w in workers}
     new = []

@@ -147,15 +147,16 @@ def _first_shapes(colo: Sequence[int], grids: dict[tuple[int, int], list[int]], 
                   n_devices: int, exhaustive: int, coarse_points: int) -> list[LayoutShape]:
     """The first round: per tp in `colo`, colocated and its P:D ratios; then the ratios of each
     (prefill tp, decode tp) pair of two tps; each grid (`grids`: pair -> prefill counts) whole if it
-    has at most `exhaustive` ratios, else a coarse grid of them; plus the current layout when it fits
-    the budget."""
+    has at most `exhaustive` ratios (a pair of two tps: 2 · `coarse_points`, so that the pairs add
+    little to the first round; the refinement then searches the ones in contention), else a coarse
+    grid of them; plus the current layout when it fits the budget."""
     first: list[LayoutShape] = []
     pairs = [(tp, tp) for tp in colo] + [k for k in grids if k[0] != k[1]]
     for tpp, tpd in pairs:
         if tpp == tpd:
             first.append(LayoutShape.colocated(n_devices // tpd, tpd))
         ps = grids.get((tpp, tpd), [])
-        if len(ps) > exhaustive:
+        if len(ps) > (exhaustive if tpp == tpd else 2 * coarse_points):  # a pair of two tps: coarse sooner
             ps = [ps[v - 1] for v in _coarse(len(ps) + 1, coarse_points)]
         first.extend(_shape(n_devices, tpp, tpd, p) for p in ps)
     if current is not None and current.n_devices == n_devices:
