@@ -29,6 +29,14 @@ def test_plan_ranks_layouts():
     assert "colocated" in r.stdout and "1" in r.stdout
 
 
+def test_plan_ranks_per_role_layouts_when_asked():
+    args = ("plan", "--devices", "8", "--workload", "web", "--tp", "1,4", "--top", "100")
+    r = pearl(*args, "--per-role-tp")
+    assert r.returncode == 0, r.stderr
+    assert "1P@tp4:4D@tp1" in r.stdout and "4P@tp1:1D@tp4" in r.stdout
+    assert "@tp4:" not in pearl(*args).stdout
+
+
 def test_simulate_saves_a_result(tmp_path):
     scen = tmp_path / "s.yaml"
     scen.write_text("name: tiny\nduration_s: 300\ncluster: {rollout_devices: 2, train_devices: 1}\n"

@@ -191,6 +191,7 @@ def plan(
     batch: int = typer.Option(256, parser=_int_in(1, MAX_BATCH), help="Trajectories in the rollout batch."),
     tp: str = typer.Option("1", help="Tensor-parallel sizes to consider, comma-separated (e.g. 1,2,4)."),
     top: int = typer.Option(10, parser=_int_in(1, 100_000), help="Rows to show."),
+    per_role_tp: bool = typer.Option(False, "--per-role-tp", help="Also rank prefill workers at a tp of their own (e.g. 1P@tp4:4D@tp1)."),
 ) -> None:
     """Which PD mode and ratio for this model, hardware, budget and workload? A ranked table."""
     from pearl.control.advisor import advise
@@ -202,7 +203,7 @@ def plan(
     bad = [t for t in tps if t not in TP_SIZES]
     if bad or len(set(tps)) != len(tps):
         raise ConfigError(f"--tp {tp!r}: expected distinct sizes from {','.join(map(str, TP_SIZES))}")
-    ranked, elapsed = advise(model, hardware, devices, workload, batch, tps)
+    ranked, elapsed = advise(model, hardware, devices, workload, batch, tps, per_role_tp)
     t = Table(title=f"{model} on {devices}× {hardware}, {workload}, batch {batch}  ({elapsed * 1e3:.1f} ms)")
     for c in ("rank", "layout", "batch time (s)", "tokens/s", "decode conc.", "bottleneck"):
         t.add_column(c, no_wrap=True)
@@ -255,11 +256,13 @@ def compare(
     output: Path = typer.Option(Path("runs/compare"), "--out", help="Directory for results.json and the PNGs."),
     jobs: int = typer.Option(2, parser=_int_in(1, 256), help="Simulations run in parallel (processes)."),
     duration: Optional[float] = typer.Option(None, parser=_float_in(0, MAX_DURATION_S), help="Override duration_s."),
+    set_: list[str] = typer.Option([], "--set", help="Override any field: --set policy.per_role_tp=true (repeatable)."),
 ) -> None:
     """Every policy (baselines as configured and tuned, pearl, bound, ablations) on the same seeds: table + PNGs."""
     from pearl.runtime.compare_cli import run_compare
 
-    run_compare(scenario, seeds, output, jobs, duration, lambda s: out.print(s, soft_wrap=True, markup=False, highlight=False))
+    run_compare(scenario, seeds, output, jobs, duration, lambda s: out.print(s, soft_wrap=True, markup=False, highlight=False),
+                _parse_sets(set_))
 
 
 @app.command()

@@ -18,6 +18,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
 from pearl.config_estimate import EstimateConfig
+from pearl.config_layout import check_layout, check_layout_fits, layout_shape
 from pearl.config_schedule import Schedule
 from pearl.config_twin import TwinConfig
 from pearl.errors import ConfigError, describe, one_line
@@ -169,23 +170,20 @@ class EngineConfig(Frozen):
 
 
 class LayoutConfig(Frozen):
-    """The initial (and, for fixed policies, the only) layout."""
+    """The initial (and, for fixed policies, the only) layout (its rules: `pearl.config_layout`)."""
 
     mode: Mode = Mode.COLOCATED
     prefill: int = Field(default=0, ge=0, le=MAX_DEVICES)  # disaggregated: number of prefill workers
     decode: int = Field(default=0, ge=0, le=MAX_DEVICES)  # disaggregated: number of decode workers
+    prefill_tp: int | None = Field(default=None, ge=1, le=MAX_TP)  # disaggregated: prefill workers' tp (None: engine.tp)
 
     @model_validator(mode="after")
     def _check(self) -> "LayoutConfig":
-        if self.mode is Mode.DISAGGREGATED and (self.prefill < 1 or self.decode < 1):
-            raise ValueError(f"a disaggregated layout needs prefill >= 1 and decode >= 1 "
-                             f"(got {self.prefill}P:{self.decode}D)")
+        check_layout(self.mode, self.prefill, self.decode, self.prefill_tp)
         return self
 
     def shape(self, n_devices: int, tp: int) -> LayoutShape:
-        if self.mode is Mode.COLOCATED:
-            return LayoutShape.colocated(n_devices // tp, tp)
-        return LayoutShape.disaggregated(self.prefill, self.decode, tp)
+        return layout_shape(self.mode, self.prefill, self.decode, self.prefill_tp, n_devices, tp)
 
 
 class RLConfig(Frozen):
@@ -267,6 +265,9 @@ class PolicyConfig(Frozen):
     # Tensor-parallel sizes PEARL may choose (None: every size in 1, 2, 4, 8 that fits a node and
     # the model's KV heads); baselines keep engine.tp.
     tps: list[int] | None = None
+    # Let a disaggregated layout give its prefill workers a tp of their own (among `tps`): PEARL's
+    # selector then ranks (prefill tp, decode tp) pairs, and the tuner gives static-pd and bound the same.
+    per_role_tp: bool = False
     controller: ControllerConfig = ControllerConfig()
 
     @field_validator("tps")
@@ -296,15 +297,9 @@ class ScenarioConfig(Frozen):
 
     @model_validator(mode="after")
     def _check(self) -> "ScenarioConfig":
-        tp, n = self.engine.tp, self.cluster.rollout_devices
-        if self.layout.mode is Mode.DISAGGREGATED:
-            need = (self.layout.prefill + self.layout.decode) * tp
-            if need != n:
-                raise ValueError(f"layout {self.layout.prefill}P:{self.layout.decode}D at tp={tp} needs "
-                                 f"{need} devices but cluster.rollout_devices is {n}")
-        elif n % tp:
-            raise ValueError(f"cluster.rollout_devices ({n}) is not a multiple of engine.tp ({tp})")
+        tp, n, lay = self.engine.tp, self.cluster.rollout_devices, self.layout
         node, b = self.cluster.devices_per_node, self.rl.prompts_per_batch * self.rl.group_size
+        check_layout_fits(lay.mode, lay.prefill, lay.decode, lay.prefill_tp, tp, n, node)
         if tp > node:
             raise ValueError(f"engine.tp ({tp}) is larger than cluster.devices_per_node ({node})")
         bad = [t for t in self.policy.tps or () if node % t]

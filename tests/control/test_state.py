@@ -219,7 +219,11 @@ def test_shape():
     c = s.start_worker(0.0, (2, 3), Role.DECODE, 0)
     assert s.shape() == LayoutShape(Mode.DISAGGREGATED, n_prefill=1, n_decode=2, tp=1)
     s.stop_worker(1.0, b)
-    assert s.shape() == LayoutShape(Mode.DISAGGREGATED, n_prefill=1, n_decode=1, tp=2)  # tie -> larger tp
+    # each role of one size, the sizes differ: a per-role tp (tp1 prefill, tp2 decode)
+    assert s.shape() == LayoutShape.disaggregated(1, 1, tp=2, tp_prefill=1)
+    d = s.start_worker(1.0, (1,), Role.DECODE, 0)  # decode workers of two sizes: one tp, the larger on a tie
+    assert s.shape() == LayoutShape(Mode.DISAGGREGATED, n_prefill=1, n_decode=2, tp=1)
+    s.stop_worker(1.0, d)
     s.worker_ready(1.0, c)
     s.stop_worker(1.0, c)  # stopped workers leave the layout
     assert s.shape() == LayoutShape.disaggregated(1, 0)

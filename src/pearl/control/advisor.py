@@ -1,5 +1,6 @@
 """`pearl plan`: given a model, hardware, a device budget and a workload, rank every PD mode and
-ratio (and tensor-parallel size) by predicted rollout-batch completion time. Pure and fast."""
+ratio (and tensor-parallel size; with `per_role`, a prefill tp of its own) by predicted rollout-batch
+completion time. Pure and fast."""
 from __future__ import annotations
 
 import time
@@ -11,12 +12,12 @@ from pearl.errors import ConfigError, ResourceError
 from pearl.perf.hardware import get_hardware
 from pearl.perf.models import get_model
 from pearl.perf.roofline import PerfModel
-from pearl.types import LayoutShape
+from pearl.types import LayoutShape, Role
 from pearl.workloads import Workload
 
 
 def advise(model: str, hardware: str, devices: int, workload: str, batch: int,
-           tps: tuple[int, ...] = (1,)) -> tuple[list[tuple[LayoutShape, Prediction]], float]:
+           tps: tuple[int, ...] = (1,), per_role: bool = False) -> tuple[list[tuple[LayoutShape, Prediction]], float]:
     t0 = time.perf_counter()
     shape_m, hw = get_model(model), get_hardware(hardware)
     wl = Workload(WorkloadConfig(profile=workload))
@@ -33,9 +34,10 @@ def advise(model: str, hardware: str, devices: int, workload: str, batch: int,
         perfs[tp] = pm
     if not perfs:
         raise ResourceError(f"{shape_m.name} does not fit on {hw.name} at tp in {list(tps)}: try a larger --tp")
-    shapes = candidates(devices, tuple(perfs))
+    shapes = candidates(devices, tuple(perfs), per_role)
     b = BatchState.fresh(batch)
     preds = predict_many(shapes, [perfs[s.tp] for s in shapes], EngineConfig(), stats, b,
-                         reps=prepare(stats, b, 64, 8), tol=1e-2, grid_points=48)
+                         reps=prepare(stats, b, 64, 8), tol=1e-2, grid_points=48,
+                         prefill_perfs=[perfs[s.tp_of(Role.PREFILL)] for s in shapes])
     ranked = sorted(zip(shapes, preds), key=lambda x: x[1].completion_s)
     return ranked, time.perf_counter() - t0

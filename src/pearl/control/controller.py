@@ -241,7 +241,7 @@ class Controller:
         only = None if pd and n_devices >= 2 * min(tps) else [LayoutShape.colocated(n_devices // tp, tp) for tp in tps]
         sel = select(n_devices - n_devices % min(tps), {tp: s.perf_for(tp) for tp in tps}, s.engine,
                      self.workload.stats, self.batch, current=cur if _valid(cur) else None, shapes=only,
-                     devices_per_node=s.devices_per_node)
+                     devices_per_node=s.devices_per_node, per_role=self.cfg.per_role_tp)
         return sorted(((s_, replace(p_, completion_s=self.refit.corrected(s_, p_.completion_s)))
                        for s_, p_, _, _ in sel.ranked), key=lambda x: x[1].completion_s)
 

@@ -13,12 +13,17 @@ starts + stops + flips (the smallest change), then device-seconds of disruption,
 (decode/mixed on transient devices is penalised: a prefill worker holds no long-lived KV, so it is
 the cheap role to vacate when a lent or elastic device must go).
 
+A target with a prefill tp of its own (`LayoutShape.tp_prefill`) is planned one tp at a time, the
+larger first (it needs more devices on one node): the same assignment over the workers of that size
+and slots of that size, then the other tp over what is left (free devices not started on, the
+devices of workers that stop). A worker of one size never becomes a worker of the other.
+
 What it must not do: touch the cluster state, own time, or import torch, Ray, asyncio or `time`.
 It returns a `Plan`; the controller executes it.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import Enum
 from typing import Mapping, Sequence
 
@@ -155,16 +160,36 @@ def _check_unique(workers: Sequence[WorkerView], free: Sequence[DeviceView]) -> 
         raise ValueError("worker ids are not unique")
 
 
-def _check_capacity(workers: Sequence[WorkerView], free: Sequence[DeviceView], target: LayoutShape,
-                    n_slots_possible: int) -> None:
+def _check_capacity(workers: Sequence[WorkerView], free: Sequence[DeviceView], target: LayoutShape) -> None:
     held, n_free = sum(len(w.devices) for w in workers), len(free)
     if target.n_devices > held + n_free:
-        raise InfeasiblePlan(f"target {target} needs {target.n_devices} devices ({target.n_workers} "
-                             f"workers × tp {target.tp}) but workers hold {held} and {n_free} are free "
-                             f"({held + n_free} in all)")
-    if target.n_workers > n_slots_possible:
-        raise InfeasiblePlan(f"target {target} needs {target.n_workers} workers of tp {target.tp} but "
+        what = (f"{target.n_workers} workers × tp {target.tp}" if not target.per_role_tp else
+                f"{target.n_prefill} × tp {target.tp_prefill} + {target.n_workers - target.n_prefill} × tp {target.tp}")
+        raise InfeasiblePlan(f"target {target} needs {target.n_devices} devices ({what}) but workers hold "
+                             f"{held} and {n_free} are free ({held + n_free} in all)")
+
+
+def _check_slots(target: LayoutShape, n_roles: int, tp: int, n_slots_possible: int) -> None:
+    if n_roles > n_slots_possible:
+        raise InfeasiblePlan(f"target {target} needs {n_roles} workers of tp {tp} but "
                              f"only {n_slots_possible} can be placed (tp devices on one node each)")
+
+
+def _role_groups(target: LayoutShape) -> list[tuple[int, list[Role]]]:
+    """The target's role slots by tp, the larger tp first (one group when every worker has one tp)."""
+    if not target.per_role_tp:
+        return [(target.tp, target.roles())]
+    groups = [(target.tp_of(Role.PREFILL), [Role.PREFILL] * target.n_prefill),
+              (target.tp, [Role.DECODE] * target.n_decode + [Role.MIXED] * target.n_mixed)]
+    return sorted((g for g in groups if g[1]), key=lambda g: -g[0])
+
+
+def _left(free: Sequence[DeviceView], freed: Sequence[WorkerView], used: set[int],
+          stopped: Sequence[WorkerView]) -> tuple[list[DeviceView], list[WorkerView]]:
+    """What a later tp group may start on: the free devices and released devices not `used` by the
+    starts planned so far, plus the devices of the workers planned to stop (`stopped`)."""
+    rest = [replace(w, devices=tuple(d for d in w.devices if d not in used)) for w in freed]
+    return [d for d in free if d.id not in used], [w for w in rest if w.devices] + list(stopped)
 
 
 class _Builder:
@@ -221,16 +246,55 @@ def plan_transition(workers: Sequence[WorkerView], free: Sequence[DeviceView], t
 
     Workers whose tp differs from the target's cannot fill a slot: they stop, and their devices may
     host new workers once they are released (`device_nodes` maps device → node so that devices of
-    different stopped workers can be grouped; without it each stays with its own worker's).
+    different stopped workers can be grouped; without it each stays with its own worker's). A target
+    with a per-role tp is planned one tp group at a time (module docstring).
     """
-    tp = target.tp
-    keep = sorted((w for w in workers if len(w.devices) == tp), key=lambda w: w.id)
-    other = sorted((w for w in workers if len(w.devices) != tp), key=lambda w: w.id)
+    groups = _role_groups(target)
+    sizes = {tp for tp, _ in groups}
+    other = sorted((w for w in workers if len(w.devices) not in sizes), key=lambda w: w.id)
     _check_unique(workers, free)
-    slots = _slots(free, other, tp, device_nodes)
-    _check_capacity(workers, free, target, len(keep) + len(slots))
+    _check_capacity(workers, free, target)
+    surplus = _surplus(workers, groups[1:], costs, device_nodes or {})
+    flips: list[tuple[WorkerView, Role]] = []
+    stops: list[WorkerView] = []
+    starts: list[tuple[_Slot, Role]] = []
+    free_left, freed_left = list(free), other + surplus
+    for tp, roles in groups:
+        keep = sorted((w for w in workers if len(w.devices) == tp and w not in surplus), key=lambda w: w.id)
+        slots = _slots(free_left, freed_left, tp, device_nodes)
+        _check_slots(target, len(roles), tp, len(keep) + len(slots))
+        cols = _assign_group(keep, slots, roles, costs, tp)
+        n_t = len(roles)
+        flips += [(w, roles[c]) for w, c in zip(keep, cols) if c < n_t and roles[c] is not w.role]
+        out = [w for w, c in zip(keep, cols) if c >= n_t]
+        stops += out
+        new = [(sl, roles[c]) for sl, c in zip(slots, cols[len(keep):]) if c < n_t]
+        starts += new
+        free_left, freed_left = _left(free_left, freed_left, {d for sl, _ in new for d in sl.devices}, out)
+    return _ordered(target, flips, stops + surplus + other, starts, costs, sizes)
 
-    roles = target.roles()
+
+def _surplus(workers: Sequence[WorkerView], later: Sequence[tuple[int, list[Role]]], costs: TransitionCosts,
+             nodes: Mapping[int, int]) -> list[WorkerView]:
+    """Workers of a later tp group's size beyond that group's role slots: they stop whatever the plan,
+    so the earlier (larger) group may start on their devices. Which ones: the same assignment as
+    the group's own, without start slots; among equals, the last in (node, device) order, so that
+    the devices released fill whole nodes."""
+    out: list[WorkerView] = []
+    for tp, roles in later:
+        same = sorted((w for w in workers if len(w.devices) == tp), key=lambda w: w.id)
+        if len(same) > len(roles):
+            order = sorted(range(len(same)), key=lambda i: (nodes.get(same[i].devices[0], -1), same[i].devices))
+            cols = _assign_group(same, [], roles, costs, tp, [1e-6 * (len(same) - order.index(i)) for i in range(len(same))])
+            out += [w for w, c in zip(same, cols) if c >= len(roles)]
+    return out
+
+
+def _assign_group(keep: Sequence[WorkerView], slots: Sequence[_Slot], roles: Sequence[Role],
+                  costs: TransitionCosts, tp: int, stop_bias: Sequence[float] = ()) -> list[int]:
+    """The min-cost assignment of the workers of one size (`keep`) and the start `slots` of that size
+    to the role slots (`roles`) or out (stop / unused): each row's column. `stop_bias`: a tie-break
+    added to each worker's stop."""
     n_rows, n_t = len(keep) + len(slots), len(roles)
     n_cols = n_rows  # target slots + (n_rows - n_t) out columns: every row gets exactly one
     ops, sec = np.zeros((n_rows, n_cols)), np.zeros((n_rows, n_cols))
@@ -244,22 +308,17 @@ def plan_transition(workers: Sequence[WorkerView], free: Sequence[DeviceView], t
                 ops[i, j] = 1
                 sec[i, j] = costs.flip_s * k + (move if _must_migrate(w.role, r) else 0.0) \
                     + _penalty(r, w.transient, costs)
-        ops[i, n_t:], sec[i, n_t:] = 1, costs.stop_s * k + move
+        ops[i, n_t:], sec[i, n_t:] = 1, costs.stop_s * k + move + (stop_bias[i] if stop_bias else 0.0)
     for i, s in enumerate(slots, start=len(keep)):
         for j, r in enumerate(roles):
             ops[i, j] = 1
             # A slot that waits for a stop breaks before it makes: a tiny preference for free ones.
             sec[i, j] = costs.start_s * tp + _penalty(r, s.transient, costs) + (1e-3 if s.owners else 0.0)
-    cols = _assign(n_rows, ops, sec)
-
-    flips = [(w, roles[c]) for w, c in zip(keep, cols) if c < n_t and roles[c] is not w.role]
-    stops = [w for w, c in zip(keep, cols) if c >= n_t] + other
-    starts = [(s, roles[c]) for s, c in zip(slots, cols[len(keep):]) if c < n_t]
-    return _ordered(target, flips, stops, starts, costs, tp)
+    return _assign(n_rows, ops, sec)
 
 
 def _ordered(target: LayoutShape, flips: list[tuple[WorkerView, Role]], stops: list[WorkerView],
-             starts: list[tuple[_Slot, Role]], costs: TransitionCosts, tp: int) -> Plan:
+             starts: list[tuple[_Slot, Role]], costs: TransitionCosts, sizes: set[int]) -> Plan:
     """Order the chosen changes make-before-break:
     1. starts on free devices (nothing to wait for);
     2. flips that only gain a function (prefill/decode → mixed): they drain nothing;
@@ -294,7 +353,8 @@ def _ordered(target: LayoutShape, flips: list[tuple[WorkerView, Role]], stops: l
     stop_at: dict[int, int] = {}
     for w in stops:
         deps = b.migrate_then(w, None, costs, waits_for(_CAN[w.role]))
-        why = (f"tp {len(w.devices)} ≠ target tp {tp}" if len(w.devices) != tp else
+        tp = "/".join(str(x) for x in sorted(sizes, reverse=True))
+        why = (f"tp {len(w.devices)} ≠ target tp {tp}" if len(w.devices) not in sizes else
                f"surplus {w.role.value} worker (target has {target.count(w.role)})")
         stop_at[w.id] = b.add(StepKind.STOP, w.id, w.devices, None, costs.stop_s, why, deps)
     for s, r in starts:
@@ -311,19 +371,23 @@ def plan_full_restart(workers: Sequence[WorkerView], free: Sequence[DeviceView],
     """The ablation: stop every worker (its requests leave, token-level), then start the whole
     target from scratch on the free devices and the released ones. Placement still puts prefill on
     transient devices, so the comparison with `plan_transition` isolates incrementality."""
-    tp = target.tp
     ws = sorted(workers, key=lambda w: w.id)
     _check_unique(workers, free)
-    slots = _slots(free, ws, tp, device_nodes)
-    _check_capacity(workers, free, target, len(slots))
-    roles = target.roles()
-    n = len(slots)
-    ops, sec = np.zeros((n, n)), np.zeros((n, n))
-    for i, s in enumerate(slots):
-        for j, r in enumerate(roles):
-            ops[i, j], sec[i, j] = 1, _penalty(r, s.transient, costs)
-    cols = _assign(n, ops, sec)
-    starts = [(s, roles[c]) for s, c in zip(slots, cols) if c < len(roles)]
+    _check_capacity(workers, free, target)
+    starts: list[tuple[_Slot, Role]] = []
+    free_left, freed_left = list(free), list(ws)
+    for tp, roles in _role_groups(target):
+        slots = _slots(free_left, freed_left, tp, device_nodes)
+        _check_slots(target, len(roles), tp, len(slots))
+        n = len(slots)
+        ops, sec = np.zeros((n, n)), np.zeros((n, n))
+        for i, s in enumerate(slots):
+            for j, r in enumerate(roles):
+                ops[i, j], sec[i, j] = 1, _penalty(r, s.transient, costs)
+        cols = _assign(n, ops, sec)
+        new = [(s, roles[c]) for s, c in zip(slots, cols) if c < len(roles)]
+        starts += new
+        free_left, freed_left = _left(free_left, freed_left, {d for sl, _ in new for d in sl.devices}, ())
     b = _Builder(target)
     stop_at: dict[int, int] = {}
     for w in ws:
@@ -334,4 +398,3 @@ def plan_full_restart(workers: Sequence[WorkerView], free: Sequence[DeviceView],
               f"full restart: new {r.value} worker on devices {list(s.devices)}",
               [stop_at[o] for o in s.owners])
     return b.build()
-

@@ -23,6 +23,9 @@ segments at the sorted T_i; within one the alive set is fixed and, per decode-ca
   it are evicted: the next turn recomputes the whole context in the prefill queue (a mixed worker's
   chunks, or a prefill worker's queue unless that worker's own KV still holds it: then it is re-sent);
 - the tail: late segments hold few trajectories, so the longest finish at low concurrency.
+- per-role tp (`LayoutShape.tp_prefill`): prefill work (a prefill worker's steps, the first prompts'
+  burst, recomputed contexts, its KV capacity) is timed with the prefill workers' model, decode with
+  the decode workers'; a hand-off between the two moves at the slower side's links.
 A trajectory decodes a steady share of its life, so its tokens see the harmonic mean τ_h of the step
 time over [0, T_i]. Its mates are a random draw fixed for life; linearised, they spread T_i by σ_i.
 Completion = E[max] of T_i ~ N(T_i, σ_i): known trajectories as they are, a sampled class as n_c
@@ -47,7 +50,7 @@ from pearl.config import EngineConfig
 from pearl.control.predictor_core import BatchReps, _Coeffs, _expected_max, _same_node_share, _solve
 from pearl.control.predictor_core import _step  # noqa: F401  (re-exported: tests check it against the roofline)
 from pearl.perf.roofline import PerfModel
-from pearl.types import LayoutShape, Mode
+from pearl.types import LayoutShape, Mode, Role
 from pearl.workloads import TrajectorySpec, Workload
 
 __all__ = ["BatchReps", "BatchState", "Prediction", "TrajectoryProgress", "WorkloadStats", "predict",
@@ -257,24 +260,26 @@ def _thin(stats: WorkloadStats, rows: np.ndarray, max_reps: int) -> tuple[np.nda
 def predict_many(shapes: Sequence[LayoutShape], perfs: Sequence[PerfModel], engine: EngineConfig,
                  stats: WorkloadStats | None, batch: BatchState, devices_per_node: int = 8,
                  max_reps: int = 512, reps: BatchReps | None = None, tol: float = 1e-4,
-                 grid_points: int = 160) -> list[Prediction]:
-    """`predict` for many shapes at once (vectorised over them): `perfs[i]` is shape i's worker model;
-    `reps` (from `prepare`) skips rebuilding the batch's representatives; `grid_points` sets the
-    resolution of the E[max] integral."""
-    if len(shapes) != len(perfs) or not shapes:
+                 grid_points: int = 160, prefill_perfs: Sequence[PerfModel] | None = None) -> list[Prediction]:
+    """`predict` for many shapes at once (vectorised over them): `perfs[i]` is shape i's worker model
+    (its decode or mixed workers'); `prefill_perfs[i]` its prefill workers' (default: `perfs[i]`, or
+    `perfs[i].with_tp(tp_prefill)` for a shape with a per-role tp); `reps` (from `prepare`) skips
+    rebuilding the batch's representatives; `grid_points` sets the resolution of the E[max] integral."""
+    if len(shapes) != len(perfs) or not shapes or (prefill_perfs is not None and len(prefill_perfs) != len(perfs)):
         raise ValueError("predict_many needs one PerfModel per shape, and at least one shape")
     if reps is None:
         reps = prepare(stats, batch, max_reps)
-    uniq = {id(pm): pm for pm in perfs}  # few distinct worker models (one per tp): stack each once
-    pos = {k: i for i, k in enumerate(uniq)}
-    cf = _Coeffs.stack([_Coeffs.of(pm) for pm in uniq.values()]).take(np.array([pos[id(pm)] for pm in perfs]))
+    cf = _stacked(perfs)
+    if prefill_perfs is None:
+        prefill_perfs = [_with_tp(pm, s.tp_of(Role.PREFILL)) for s, pm in zip(shapes, perfs)]
+    cfp = cf if all(a is b for a, b in zip(prefill_perfs, perfs)) else _stacked(prefill_perfs)
     dis = np.array([s.mode is Mode.DISAGGREGATED for s in shapes])[:, None]
     n_dw = np.array([s.n_mixed + s.n_decode for s in shapes], float)[:, None]
     n_p = np.array([s.n_prefill for s in shapes], float)[:, None]
     if (n_dw < 1).any() or (dis & (n_p < 1)).any():
         raise ValueError("every shape needs a decode-capable worker (and a prefill worker if disaggregated)")
     p_same = np.array([_same_node_share(s, devices_per_node) for s in shapes])[:, None]
-    r = _solve(cf, n_dw, n_p, dis, p_same, engine, reps, tol)
+    r = _solve(cf, n_dw, n_p, dis, p_same, engine, reps, tol, cfp)
     T = r["T"]
     comp = _expected_max(T, r["sigma"], reps, grid_points)
     gen = float((reps.w * (reps.work["Dn"] + reps.work["K"])).sum())
@@ -289,6 +294,26 @@ def predict_many(shapes: Sequence[LayoutShape], perfs: Sequence[PerfModel], engi
                               dict(critical_path=terms, critical_T=float(T[i, j]), spread_s=float(r["sigma"][i, j]),
                                    evicted_share=float(r["evict"][i]), iterations=r["iters"])))
     return out
+
+
+def _stacked(perfs: Sequence[PerfModel]) -> _Coeffs:
+    """The models' coefficients, one row per entry (few distinct models, one per tp: each stacked once)."""
+    uniq = {id(pm): pm for pm in perfs}
+    pos = {k: i for i, k in enumerate(uniq)}
+    return _Coeffs.stack([_Coeffs.of(pm) for pm in uniq.values()]).take(np.array([pos[id(pm)] for pm in perfs]))
+
+
+_DERIVED: dict[tuple[int, int], tuple[PerfModel, PerfModel]] = {}
+
+
+def _with_tp(pm: PerfModel, tp: int) -> PerfModel:
+    """`pm` at another tp, built once per (model, tp) (the model is kept, so its id is not reused)."""
+    if pm.tp == tp:
+        return pm
+    hit = _DERIVED.get((id(pm), tp))
+    if hit is None or hit[0] is not pm:
+        hit = _DERIVED[(id(pm), tp)] = (pm, pm.with_tp(tp))
+    return hit[1]
 
 
 def predict(shape: LayoutShape, perf: PerfModel, engine: EngineConfig, stats: WorkloadStats,

@@ -18,7 +18,7 @@ from scipy.special import ndtr
 
 from pearl.config import EngineConfig
 from pearl.perf.roofline import PerfModel
-from pearl.types import LayoutShape, Mode
+from pearl.types import LayoutShape, Mode, Role
 
 _REBALANCE = 0.5  # share of the worker-mate spread that session rebalancing leaves (see _spread)
 
@@ -110,11 +110,12 @@ class BatchReps:
 
 
 # ------------------------------------------------------------------ the fixed point
-def _solve(cf, n_dw, n_p, dis, p_same, engine: EngineConfig, reps: BatchReps, tol: float) -> dict:
+def _solve(cf, n_dw, n_p, dis, p_same, engine: EngineConfig, reps: BatchReps, tol: float, cfp=None) -> dict:
     """T_i and σ_i of every representative (columns) under every candidate (rows): from a first guess
     (`_start`), iterate the segments' rates (`_segments`, `_rates`) to a fixed point, then add the
-    worker-mate spread (`_spread`)."""
-    s = _start(cf, n_dw, n_p, dis, p_same, reps)
+    worker-mate spread (`_spread`). `cf`: the decode (or mixed) workers' coefficients per candidate;
+    `cfp`: the prefill workers' (default `cf`: the same tp)."""
+    s = _start(cf, n_dw, n_p, dis, p_same, reps, cf if cfp is None else cfp)
     C, N, K, ic = s.C, s.N, s.K, s.ic
     T, tau_h, wait, b_ref, ctx_ref = s.T, s.tau_h, s.wait, s.b_ref, s.ctx_ref
     for it in range(60):
@@ -144,20 +145,24 @@ def _solve(cf, n_dw, n_p, dis, p_same, engine: EngineConfig, reps: BatchReps, to
     return _spread(s, g, r, T, tau_h, it + 1)
 
 
-def _start(cf, n_dw, n_p, dis, p_same, reps: BatchReps) -> SimpleNamespace:
+def _start(cf, n_dw, n_p, dis, p_same, reps: BatchReps, cfp) -> SimpleNamespace:
     """What stays fixed through `_solve` (the reps' work, the candidates, the per-turn prefill costs,
     the first prompts' burst, the mate share), and the first guess of T, τ_h, the queue wait and the
-    colocated steps' reference batch and context."""
+    colocated steps' reference batch and context. Prefill work (a prefill worker's steps, the first
+    prompts' burst) is timed with `cfp`, decode with `cf`; a hand-off between a prefill and a decode
+    worker of different tp moves at the slower side's links (the fewer)."""
     wk, w = reps.work, reps.w
     K, Dn, E, Cd, X, F, c0, cF, fresh, prompt = (wk[k] for k in "K Dn E Cd X F c0 cF fresh prompt".split())
     ev_x, ev_a, ev_m, starts = wk["ev_x"], wk["ev_attn"], wk["ev_m"], wk["starts"]
     ev_w = w[wk["ev_row"]] * ev_m / (w[wk["ev_row"]] * ev_m).sum()
     C, N = dis.shape[0], len(w)
     ic, idis = np.nonzero(~dis[:, 0])[0], np.nonzero(dis[:, 0])[0]
-    cc, cd = cf.take(ic), cf.take(idis)
+    cc, cd = cf.take(ic), cfp.take(idis)
     # Disaggregated: a prefill step per turn (its mean is the queue's service), fetch and hand-off.
     own, s1 = np.zeros((C, N)), np.zeros((C, 1))
     xfer = p_same * cf.xfer_same + (1 - p_same) * cf.xfer_net
+    if cfp is not cf:
+        xfer = np.maximum(xfer, p_same * cfp.xfer_same + (1 - p_same) * cfp.xfer_net)
     if idis.size:
         s_e = _step(cd, 0.0, 0.0, ev_x, ev_a)
         # Queued turns share steps (a chunk takes every waiting prompt up to the token budget), so
@@ -168,7 +173,7 @@ def _start(cf, n_dw, n_p, dis, p_same, reps: BatchReps) -> SimpleNamespace:
     # The first prompts all arrive at t=0: a trajectory waits, on average, for half of its worker's
     # other prompts (chunked together, so compute-bound).
     n_all = w.sum()
-    p_time = (cf.a_tok * prompt + cf.a_pair * prompt ** 2 / 2) / cf.flop_rate
+    p_time = (cfp.a_tok * prompt + cfp.a_pair * prompt ** 2 / 2) / cfp.flop_rate
     p_mean = (p_time * w * fresh).sum(1, keepdims=True) / max((w * fresh).sum(), 1e-9)
     burst = 0.5 * np.maximum((w * fresh).sum() / np.where(dis, n_p, n_dw) - 1, 0) * p_mean * fresh
     # Of the N-1 others, N/n - 1 share a trajectory's worker (spread evenly, then session affinity).
@@ -182,7 +187,7 @@ def _start(cf, n_dw, n_p, dis, p_same, reps: BatchReps) -> SimpleNamespace:
     ctx_ref = b_ref * (w * c0).sum() / n_all
     rowoff = (np.arange(C) * N)[:, None]
     per_rep = np.stack([w, w * c0, w * K, Dn, E, Cd, K, cF - c0])
-    return SimpleNamespace(cf=cf, cc=cc, dis=dis, n_p=n_p, C=C, N=N, ic=ic, K=K, ev_x=ev_x, ev_a=ev_a,
+    return SimpleNamespace(cf=cf, cfp=cfp, cc=cc, dis=dis, n_p=n_p, C=C, N=N, ic=ic, K=K, ev_x=ev_x, ev_a=ev_a,
                            ev_m=ev_m, ev_w=ev_w, starts=starts, own=own, s1=s1, xfer=xfer, n_all=n_all,
                            burst=burst, mate=mate, rowoff=rowoff, per_rep=per_rep, T=T, tau_h=tau_h,
                            wait=wait, b_ref=b_ref, ctx_ref=ctx_ref)
@@ -219,13 +224,13 @@ def _segments(s: SimpleNamespace, engine: EngineConfig, T, tau_h, wait) -> Simpl
     demand = S_all * np.where(s.dis, 1.0 - S_q / np.maximum(S_w, 1e-12), 1.0) * oth * mate + own_ctx
     evict = np.minimum(np.maximum(demand - cf.cap, 0.0) / np.maximum(demand - ctx - own_ctx, 1.0), 1.0)
     m_ctx = S_all / np.maximum(S_w, 1e-12)
-    recompute = (cf.a_tok * m_ctx + cf.a_pair * m_ctx ** 2 / 2) / cf.flop_rate
+    recompute = (s.cfp.a_tok * m_ctx + s.cfp.a_pair * m_ctx ** 2 / 2) / s.cfp.flop_rate
     # Colocated, an evicted context is recomputed in the worker's own chunks. Disaggregated, the
     # prefill worker that last prefilled it re-sends it if it still holds it: the prefill workers keep
     # the most recently active contexts up to their own KV capacity (a share `held_p` of them), the
     # decode side evicts the least recently active, so a share min(evict, 1 - held_p) of turns finds
     # it nowhere and recomputes the whole context in the prefill queue; every evicted one is sent.
-    held_p = np.clip(s.n_p * cf.cap / np.maximum(S_all, 1.0), 0.0, 1.0)
+    held_p = np.clip(s.n_p * s.cfp.cap / np.maximum(S_all, 1.0), 0.0, 1.0)
     rcmp = np.where(s.dis, np.minimum(evict, 1.0 - held_p), evict)
     svc_ev = rcmp * recompute  # per turn, in the prefill queue (a prefill worker's or a mixed one's)
     lat_ev = svc_ev + np.where(s.dis, evict * m_ctx * s.xfer, 0.0)  # per turn, on its critical path
@@ -302,11 +307,29 @@ def _same_node_share(shape: LayoutShape, devices_per_node: int) -> float:
     """Share of (prefill, decode) worker pairs on one node, workers placed in device order, prefill first."""
     if shape.mode is not Mode.DISAGGREGATED:
         return 1.0
+    if shape.per_role_tp:
+        return _same_node_share_per_role(shape, devices_per_node)
     per = max(devices_per_node // shape.tp, 1)
     nodes = np.arange(-(-shape.n_workers // per))
     pre = np.clip(shape.n_prefill - nodes * per, 0, per)
     dec = np.clip(shape.n_workers - nodes * per, 0, per) - pre
     return float((pre * dec).sum() / (shape.n_prefill * shape.n_decode))
+
+
+def _same_node_share_per_role(shape: LayoutShape, devices_per_node: int) -> float:
+    """`_same_node_share` with a prefill tp of its own: workers packed on nodes in order (prefill
+    first), a worker that does not fit in what is left of a node starting the next one."""
+    pre: dict[int, int] = {}
+    dec: dict[int, int] = {}
+    node, used = 0, 0
+    for role in shape.roles():
+        tp = shape.tp_of(role)
+        if used and used + tp > devices_per_node:
+            node, used = node + 1, 0
+        used += tp
+        counts = pre if role is Role.PREFILL else dec
+        counts[node] = counts.get(node, 0) + 1
+    return float(sum(n * dec.get(k, 0) for k, n in pre.items()) / (shape.n_prefill * shape.n_decode))
 
 
 def _expected_max(T: np.ndarray, sigma: np.ndarray, reps: BatchReps, points: int = 160) -> np.ndarray:

@@ -1,12 +1,15 @@
 """Configuration selection: under a device budget, which layout shape finishes the batch first?
 
-Job (DESIGN.md §3.3): enumerate colocated and every disaggregated P:D ratio for each allowed tp,
-predict each with `pearl.control.predictor`, add the cost of getting there from today's layout, and
-rank by predicted completion + transition cost. On large budgets (a thousand devices is a thousand
-ratios per tp) the ratio grid is searched coarse-to-fine: a geometric grid of prefill counts first,
-then the neighbourhood of the best one per tp, shrinking until every ratio there has been scored. The
-completion time is close to unimodal in the prefill count (too few prefill workers queue the turns,
-too many starve decode), which is what makes the local refinement safe.
+Job (DESIGN.md §3.3): enumerate colocated and every disaggregated P:D ratio for each allowed tp
+(with `per_role`, also for each pair of a prefill tp and a decode tp among them: a prefill worker of
+tp 4 beside decode workers of tp 1), predict each with `pearl.control.predictor`, add the cost of
+getting there from today's layout, and rank by predicted completion + transition cost. On large
+budgets (a thousand devices is a thousand ratios per tp) the ratio grid is searched coarse-to-fine:
+a geometric grid of prefill counts first, then the neighbourhood of the best one per tp, shrinking
+until every ratio there has been scored. The completion time is close to unimodal in the prefill
+count (too few prefill workers queue the turns, too many starve decode), which is what makes the
+local refinement safe. A (prefill tp, decode tp) pair is one more grid: its prefill counts are those
+whose decode workers fill the rest of the budget exactly.
 
 What it must not do: decide *whether* to switch (that is `pearl.control.switching`), build plans, own
 time, or import torch, Ray, asyncio or `time`.
@@ -20,7 +23,7 @@ from pearl.config import EngineConfig
 from pearl.control.predictor import BatchState, Prediction, WorkloadStats, predict_many, prepare
 from pearl.errors import ResourceError
 from pearl.perf.roofline import PerfModel
-from pearl.types import LayoutShape, Mode
+from pearl.types import LayoutShape, Mode, Role
 
 __all__ = ["Selection", "candidates", "select"]
 
@@ -40,8 +43,9 @@ class Selection:
                 f"(bottleneck {pred.bottleneck}){runner}")
 
 
-def candidates(n_devices: int, tps: Sequence[int] = (1,)) -> list[LayoutShape]:
-    """Colocated and every P:D ratio, for each tp that divides the budget."""
+def candidates(n_devices: int, tps: Sequence[int] = (1,), per_role: bool = False) -> list[LayoutShape]:
+    """Colocated and every P:D ratio, for each tp that divides the budget; with `per_role`, also every
+    P:D with prefill workers of one tp and decode workers of another that use the budget exactly."""
     out: list[LayoutShape] = []
     for tp in sorted(set(tps)):
         if tp < 1 or n_devices < tp or n_devices % tp:
@@ -49,7 +53,27 @@ def candidates(n_devices: int, tps: Sequence[int] = (1,)) -> list[LayoutShape]:
         n = n_devices // tp
         out.append(LayoutShape.colocated(n, tp))
         out.extend(LayoutShape.disaggregated(p, n - p, tp) for p in range(1, n))
+    if per_role:
+        for (tpp, tpd), ps in _pair_grids(n_devices, [t for t in sorted(set(tps)) if t >= 1], True).items():
+            if tpp != tpd:
+                out.extend(_shape(n_devices, tpp, tpd, p) for p in ps)
     return out
+
+
+def _pair_grids(n_devices: int, tps: Sequence[int], per_role: bool) -> dict[tuple[int, int], list[int]]:
+    """(prefill tp, decode tp) -> the prefill counts whose decode workers fill `n_devices` exactly
+    (at least one of each). Without `per_role`, only the pairs of one tp: every count in 1..n-1."""
+    out: dict[tuple[int, int], list[int]] = {}
+    for tpd in tps:
+        for tpp in (tps if per_role else [tpd]):
+            ps = [p for p in range(1, (n_devices - tpd) // tpp + 1) if (n_devices - p * tpp) % tpd == 0]
+            if ps:
+                out[(tpp, tpd)] = ps
+    return out
+
+
+def _shape(n_devices: int, tpp: int, tpd: int, p: int) -> LayoutShape:
+    return LayoutShape.disaggregated(p, (n_devices - p * tpp) // tpd, tpd, tpp)
 
 
 def _coarse(n: int, points: int) -> list[int]:
@@ -70,14 +94,14 @@ def select(n_devices: int, perf_for_tp: Callable[[int], PerfModel] | Mapping[int
            tps: Sequence[int] | None = None, shapes: Sequence[LayoutShape] | None = None,
            devices_per_node: int = 8, max_reps: int = 32, max_events: int | None = 8,
            exhaustive: int = 48, coarse_points: int = 6, refine_points: int = 16, margin: float = 0.03,
-           tol: float = 1e-2) -> Selection:
+           tol: float = 1e-2, per_role: bool = False) -> Selection:
     """Rank layout shapes for `n_devices` by predicted completion of `batch` + transition cost.
 
     `perf_for_tp(tp)` gives the worker model at that tp (a mapping's keys are the allowed tps; a tp
     whose model does not fit in memory is skipped). `shapes` restricts the choice to those shapes;
-    otherwise a tp with at most `exhaustive` ratios is searched exhaustively, a larger one
-    coarse-to-fine (only tps within `margin` of the best are refined). The current layout costs
-    nothing to keep."""
+    otherwise a tp (with `per_role`, a (prefill tp, decode tp) pair) with at most `exhaustive` ratios
+    is searched exhaustively, a larger one coarse-to-fine (only grids within `margin` of the best are
+    refined). The current layout costs nothing to keep."""
     if tps is None:
         tps = sorted(perf_for_tp) if isinstance(perf_for_tp, Mapping) else (engine.tp,)
     perfs = _fitting_models(perf_for_tp, tps)
@@ -85,19 +109,22 @@ def select(n_devices: int, perf_for_tp: Callable[[int], PerfModel] | Mapping[int
     reps = prepare(stats, batch, max_reps, max_events)  # once: every candidate sees the same batch
 
     def score(batch_shapes: list[LayoutShape]) -> None:
-        new = [s for s in dict.fromkeys(batch_shapes) if s not in scored and s.tp in perfs]
+        new = [s for s in dict.fromkeys(batch_shapes)
+               if s not in scored and s.tp in perfs and s.tp_of(Role.PREFILL) in perfs]
         if new:
             for s, p in zip(new, predict_many(new, [perfs[s.tp] for s in new], engine, stats, batch,
-                                              devices_per_node, reps=reps, tol=tol, grid_points=48)):
+                                              devices_per_node, reps=reps, tol=tol, grid_points=48,
+                                              prefill_perfs=[perfs[s.tp_of(Role.PREFILL)] for s in new])):
                 scored[s] = p
 
     if shapes is not None:
         score(list(shapes))
     else:
-        grids = {tp: n_devices // tp for tp in perfs if n_devices % tp == 0 and n_devices >= tp}
-        score(_first_shapes(grids, current, n_devices, exhaustive, coarse_points))
-        # Refine the ratio of each tp still in contention until the neighbourhood is scored densely.
-        while more := _refinements(scored, grids, margin, refine_points):
+        colo = [tp for tp in perfs if n_devices % tp == 0 and n_devices >= tp]
+        grids = _pair_grids(n_devices, list(perfs), per_role)
+        score(_first_shapes(colo, grids, current, n_devices, exhaustive, coarse_points))
+        # Refine the ratio of each grid still in contention until the neighbourhood is scored densely.
+        while more := _refinements(scored, grids, n_devices, margin, refine_points):
             score(more)
     return _ranked(scored, current, transition_cost_s, n_devices, tps)
 
@@ -116,38 +143,45 @@ def _fitting_models(perf_for_tp: Callable[[int], PerfModel] | Mapping[int, PerfM
     return perfs
 
 
-def _first_shapes(grids: dict[int, int], current: LayoutShape | None, n_devices: int, exhaustive: int,
-                  coarse_points: int) -> list[LayoutShape]:
-    """The first round: per tp (`grids`: tp -> workers), colocated and every ratio (at most
-    `exhaustive` of them) or a coarse grid of them; plus the current layout when it fits the budget."""
+def _first_shapes(colo: Sequence[int], grids: dict[tuple[int, int], list[int]], current: LayoutShape | None,
+                  n_devices: int, exhaustive: int, coarse_points: int) -> list[LayoutShape]:
+    """The first round: per tp in `colo`, colocated and its P:D ratios; then the ratios of each
+    (prefill tp, decode tp) pair of two tps; each grid (`grids`: pair -> prefill counts) whole if it
+    has at most `exhaustive` ratios (a pair of two tps: 2 · `coarse_points`, so that the pairs add
+    little to the first round; the refinement then searches the ones in contention), else a coarse
+    grid of them; plus the current layout when it fits the budget."""
     first: list[LayoutShape] = []
-    for tp, n in grids.items():
-        first.append(LayoutShape.colocated(n, tp))
-        ps = range(1, n) if n - 1 <= exhaustive else _coarse(n, coarse_points)
-        first.extend(LayoutShape.disaggregated(p, n - p, tp) for p in ps)
+    pairs = [(tp, tp) for tp in colo] + [k for k in grids if k[0] != k[1]]
+    for tpp, tpd in pairs:
+        if tpp == tpd:
+            first.append(LayoutShape.colocated(n_devices // tpd, tpd))
+        ps = grids.get((tpp, tpd), [])
+        if len(ps) > (exhaustive if tpp == tpd else 2 * coarse_points):  # a pair of two tps: coarse sooner
+            ps = [ps[v - 1] for v in _coarse(len(ps) + 1, coarse_points)]
+        first.extend(_shape(n_devices, tpp, tpd, p) for p in ps)
     if current is not None and current.n_devices == n_devices:
         first.append(current)
     return first
 
 
-def _refinements(scored: Mapping[LayoutShape, Prediction], grids: dict[int, int], margin: float,
-                 refine_points: int) -> list[LayoutShape]:
-    """The next round: for each tp still in contention (its best within `margin` of the overall
+def _refinements(scored: Mapping[LayoutShape, Prediction], grids: dict[tuple[int, int], list[int]],
+                 n_devices: int, margin: float, refine_points: int) -> list[LayoutShape]:
+    """The next round: for each grid still in contention (its best within `margin` of the overall
     best), up to about `refine_points` unscored ratios between the neighbours of its best prefill
     count; empty when there is nothing left to refine."""
     top = min(p.completion_s for p in scored.values())
     more: list[LayoutShape] = []
-    for tp, n in grids.items():
+    for (tpp, tpd), valid in grids.items():
         done = {s.n_prefill: p.completion_s for s, p in scored.items()
-                if s.tp == tp and s.mode is Mode.DISAGGREGATED}
-        if not done or len(done) >= n - 1 or min(done.values()) > top * (1 + margin):
+                if s.tp == tpd and s.tp_of(Role.PREFILL) == tpp and s.mode is Mode.DISAGGREGATED}
+        if not done or len(done) >= len(valid) or min(done.values()) > top * (1 + margin):
             continue
         ps = sorted(done)
         i = ps.index(min(ps, key=done.get))
-        gaps = range(ps[max(i - 1, 0)] + 1, ps[min(i + 1, len(ps) - 1)])
-        gaps = [p for p in gaps if p not in done]
+        lo, hi = ps[max(i - 1, 0)], ps[min(i + 1, len(ps) - 1)]
+        gaps = [p for p in valid if lo < p < hi and p not in done]
         step = max(1, -(-len(gaps) // refine_points))
-        more.extend(LayoutShape.disaggregated(p, n - p, tp) for p in gaps[::step])
+        more.extend(_shape(n_devices, tpp, tpd, p) for p in gaps[::step])
     return more
 
 
@@ -160,5 +194,6 @@ def _ranked(scored: dict[LayoutShape, Prediction], current: LayoutShape | None,
         ranked.append((s, p, cost, p.completion_s + cost))
     if not ranked:
         raise ResourceError(f"no layout shape fits {n_devices} devices with tp in {list(tps)}")
-    ranked.sort(key=lambda r: (r[3], r[0].n_devices, r[0].tp, r[0].mode.value, r[0].n_prefill))
+    ranked.sort(key=lambda r: (r[3], r[0].n_devices, r[0].tp, r[0].mode.value, r[0].n_prefill,
+                               r[0].tp_of(Role.PREFILL)))
     return Selection(ranked[0][0], ranked, len(scored))

@@ -12,8 +12,9 @@ __all__ = ["run_compare"]
 
 
 def run_compare(scenario: Path, seeds: int, out_dir: Path, jobs: int, duration: float | None,
-                echo: Callable[[str], None] = print) -> dict[str, float]:
-    over = {"duration_s": duration} if duration is not None else None
+                echo: Callable[[str], None] = print, sets: dict | None = None) -> dict[str, float]:
+    """`sets`: overrides of the scenario's fields (`pearl compare --set`), before `duration`."""
+    over = {**(sets or {}), **({"duration_s": duration} if duration is not None else {})} or None
     cfg = load_config(scenario, ScenarioConfig, over)
     t0 = time.perf_counter()
     rows = compare(cfg, [cfg.seed + i for i in range(seeds)], jobs=jobs, log=echo)

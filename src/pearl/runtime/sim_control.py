@@ -54,6 +54,11 @@ class SimControl:
         sim = self.sim
         lay, tp = sim.cfg.layout, (shape.tp if shape else sim.cfg.engine.tp)
         devs = sim.rollout_devices
+        if shape is None and lay.prefill_tp not in (None, tp):
+            shape = lay.shape(len(devs), tp)
+        if shape is not None and shape.per_role_tp:
+            self._initial_per_role(shape)
+            return
         groups = [tuple(devs[i:i + tp]) for i in range(0, len(devs) - tp + 1, tp)]
         if shape is not None:
             roles = shape.roles()
@@ -62,6 +67,16 @@ class SimControl:
                      if lay.mode is Mode.DISAGGREGATED else [Role.MIXED] * len(groups))
         for g, role in zip(groups, roles):
             sim.start_worker(g, role, load_s=0.0)
+
+    def _initial_per_role(self, shape: LayoutShape) -> None:
+        """A layout whose prefill workers have a tp of their own: the workers of the larger tp are cut
+        from the rollout devices first, so that every group starts at a multiple of its size (the
+        sizes are powers of two dividing a node: no worker spans two nodes)."""
+        devs, at = self.sim.rollout_devices, 0
+        for role in sorted(shape.roles(), key=lambda r: -shape.tp_of(r)):
+            tp = shape.tp_of(role)
+            self.sim.start_worker(tuple(devs[at:at + tp]), role, load_s=0.0)
+            at += tp
 
     def cold_start_s(self, tp: int) -> float:
         """A worker's first start on an elastic device: process start and warm-up

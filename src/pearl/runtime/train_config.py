@@ -190,6 +190,9 @@ class TrainConfig(Frozen):
             raise ValueError("policy.borrow needs backend 'local' (the trainer's slot is not lent to Ray actors)")
         if p.tps not in (None, [1]):
             raise ValueError(f"policy.tps {p.tps}: pearl train's CPU workers run at tensor-parallel size 1 only")
+        if p.per_role_tp:
+            raise ValueError("policy.per_role_tp: pearl train's CPU workers all run at tensor-parallel size 1 "
+                             "(no prefill tp of their own)")
         if self.engine.kind == "vllm":
             _check_vllm(self)
         if self.ray_address is not None:

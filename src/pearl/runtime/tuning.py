@@ -3,7 +3,9 @@
 A baseline gets every knob that is not PEARL's own contribution: the tensor-parallel size, the cap on
 trajectories in flight (`rl.max_concurrent_trajectories`) and, for `static-pd`, the P:D ratio. (The
 simulator has one router, session-affine power-of-two-choices, shared by every policy: there is no
-router knob to tune.) `tune` tries every candidate (`candidates`) with a short simulation of the
+router knob to tune.) When the scenario lets PEARL give prefill workers a tp of their own
+(`policy.per_role_tp`), `static-pd` and `bound` get that knob too: every (prefill tp, decode tp)
+pair of two valid sizes, at the same prefill shares of the devices. `tune` tries every candidate (`candidates`) with a short simulation of the
 scenario on a held-out seed (`TUNE_SEED`, never one of the seeds a comparison reports) and keeps the
 one with the highest steady-state trajectories/s. Short runs, not the predictor: the predictor is
 PEARL's own model, and a baseline tuned by it would inherit its errors.
@@ -31,7 +33,7 @@ from pearl.perf.models import get_model
 from pearl.perf.roofline import PerfModel
 
 __all__ = ["TUNE_SEED", "Bound", "Knobs", "Tuned", "bound_budget", "bound_candidates", "bound_split", "candidates",
-           "configure", "simulate", "tune", "tune_bound", "valid_tps"]
+           "configure", "pair_ratios", "simulate", "tune", "tune_bound", "valid_tps"]
 
 TUNE_SEED = 1_000_003  # the seed tuning runs use: held out from every reported seed
 TUNE_SHARE = 0.25  # a tuning run simulates this share of the scenario's duration ...
@@ -41,20 +43,23 @@ TUNE_MIN_S = 600.0  # ... but at least this long (virtual seconds), so a few tra
 @dataclass(frozen=True)
 class Knobs:
     """One baseline configuration: tp, the in-flight cap (None: the staleness gate only) and, for a
-    disaggregated layout, the prefill and decode worker counts."""
+    disaggregated layout, the prefill and decode worker counts and the prefill workers' own tp (None:
+    `tp`, which is then the decode workers')."""
 
     tp: int
     cap: int | None = None
     prefill: int = 0
     decode: int = 0
+    prefill_tp: int | None = None
 
     def label(self) -> str:
-        pd = f" {self.prefill}P:{self.decode}D" if self.prefill else ""
+        ptp = f"@tp{self.prefill_tp}" if self.prefill_tp is not None else ""
+        pd = f" {self.prefill}P{ptp}:{self.decode}D" if self.prefill else ""
         return f"tp{self.tp}{pd} cap {self.cap if self.cap is not None else 'none'}"
 
     def overrides(self, devices: int | None = None) -> dict[str, Any]:
-        lay = ({"mode": "disaggregated", "prefill": self.prefill, "decode": self.decode} if self.prefill
-               else {"mode": "colocated", "prefill": 0, "decode": 0})
+        lay = ({"mode": "disaggregated", "prefill": self.prefill, "decode": self.decode, "prefill_tp": self.prefill_tp}
+               if self.prefill else {"mode": "colocated", "prefill": 0, "decode": 0, "prefill_tp": None})
         out: dict[str, Any] = {"engine": {"tp": self.tp}, "layout": lay,
                                "rl": {"max_concurrent_trajectories": self.cap}}
         if devices is not None:
@@ -95,17 +100,30 @@ def ratios(w: int) -> list[int]:
 def candidates(cfg: ScenarioConfig, policy: str, devices: int | None = None) -> list[Knobs]:
     """The layouts to try for `policy` on `devices` rollout devices (default: the scenario's), with
     no cap (`tune` tries the caps on the best layout). `fixed`, `rlboost+`, `roll-partial`:
-    colocated at each tp. `static-pd`: each P:D ratio of `ratios` at each tp. `bound`: both."""
+    colocated at each tp. `static-pd`: each P:D ratio of `ratios` at each tp, and with
+    `policy.per_role_tp` at each (prefill tp, decode tp) pair (`pair_ratios`). `bound`: all of them."""
     n = cfg.cluster.rollout_devices if devices is None else devices
     out: list[Knobs] = []
-    for tp in valid_tps(cfg):
+    tps = valid_tps(cfg)
+    for tp in tps:
         if n % tp or n < tp:
             continue
         if policy != "static-pd":
             out.append(Knobs(tp))
         if policy in ("static-pd", "bound"):
             out += [Knobs(tp, None, p, n // tp - p) for p in ratios(n // tp)]
+    if policy in ("static-pd", "bound") and cfg.policy.per_role_tp:
+        out += [Knobs(tpd, None, p, (n - p * tpp) // tpd, tpp) for tpd in tps for tpp in tps if tpp != tpd
+                for p in pair_ratios(n, tpp, tpd)]
     return out
+
+
+def pair_ratios(n: int, tpp: int, tpd: int) -> list[int]:
+    """Prefill worker counts to try on `n` devices with prefill workers of tp `tpp` and decode workers
+    of tp `tpd` filling the rest exactly: those nearest a prefill share of 1/8, 1/4, 3/8 and 1/2 of
+    the devices."""
+    ok = [p for p in range(1, (n - tpd) // tpp + 1) if (n - p * tpp) % tpd == 0]
+    return sorted({min(ok, key=lambda p: (abs(p * tpp / n - f), p)) for f in (1 / 8, 1 / 4, 3 / 8, 1 / 2)}) if ok else []
 
 
 def simulate(cfg: ScenarioConfig, timeline: bool = False) -> dict[str, Any]:
@@ -183,7 +201,7 @@ def tune_bound(cfg: ScenarioConfig, budget: float, pool: ProcessPoolExecutor | N
         if w <= 0 or (tp, n) not in best:  # no time there, or below one worker (nothing runs)
             continue
         k0 = best[(tp, n)][2][0]
-        caps = [(Knobs(k0.tp, c, k0.prefill, k0.decode), n) for c in _caps(cfg) if c is not None]
+        caps = [(Knobs(k0.tp, c, k0.prefill, k0.decode, k0.prefill_tp), n) for c in _caps(cfg) if c is not None]
         k, _ = sorted([best[(tp, n)]] + _trials(cfg, base, caps, pool), key=lambda x: -x[1])[0][2]
         sides.append((configure(cfg, deep_merge(extra, k.overrides(n))), w))
         labels.append(f"{w:.0%} of the time {n} devices {k.label()}")
@@ -207,7 +225,7 @@ def tune(cfg: ScenarioConfig, policy: str, *, devices: int | None = None, extra:
     try:
         got = _trials(cfg, base, cands, ex)  # stage 1: the layout (tp, P:D), no cap
         k0, n0 = got[0][2]
-        caps = [(Knobs(k0.tp, c, k0.prefill, k0.decode), n0) for c in _caps(cfg) if c is not None]
+        caps = [(Knobs(k0.tp, c, k0.prefill, k0.decode, k0.prefill_tp), n0) for c in _caps(cfg) if c is not None]
         got = sorted(got + _trials(cfg, base, caps, ex), key=lambda x: -x[1])  # stage 2: the cap
     finally:
         if own:

@@ -1,0 +1,45 @@
+"""The checks and the shape of a scenario's configured layout (`layout:` in a scenario file).
+
+`pearl.config.LayoutConfig` holds the fields (mode, prefill and decode worker counts, and the
+prefill workers' own tensor-parallel size `prefill_tp`); the rules live here so that `pearl.config`
+stays small. Plain functions over values: this module imports only `pearl.types`, and raises
+ValueError with one line that pydantic turns into the field's `ConfigError`.
+"""
+from __future__ import annotations
+
+from pearl.types import LayoutShape, Mode
+
+__all__ = ["check_layout", "check_layout_fits", "layout_shape"]
+
+
+def check_layout(mode: Mode, prefill: int, decode: int, prefill_tp: int | None) -> None:
+    """The layout on its own: a disaggregated one needs both roles; `prefill_tp` only means something
+    in a disaggregated layout."""
+    if mode is Mode.DISAGGREGATED and (prefill < 1 or decode < 1):
+        raise ValueError(f"a disaggregated layout needs prefill >= 1 and decode >= 1 (got {prefill}P:{decode}D)")
+    if mode is Mode.COLOCATED and prefill_tp is not None:
+        raise ValueError("layout.prefill_tp is the prefill workers' tensor-parallel size: it needs mode: disaggregated")
+
+
+def layout_shape(mode: Mode, prefill: int, decode: int, prefill_tp: int | None, n_devices: int,
+                 tp: int) -> LayoutShape:
+    """The configured layout on `n_devices` rollout devices at `tp` (the decode or mixed workers')."""
+    if mode is Mode.COLOCATED:
+        return LayoutShape.colocated(n_devices // tp, tp)
+    return LayoutShape.disaggregated(prefill, decode, tp, prefill_tp)
+
+
+def check_layout_fits(mode: Mode, prefill: int, decode: int, prefill_tp: int | None, tp: int, n: int,
+                      node: int) -> None:
+    """The layout against the cluster: it uses exactly the `n` rollout devices, and every worker fits
+    on a node of `node` devices."""
+    if mode is Mode.DISAGGREGATED:
+        need = prefill * (prefill_tp or tp) + decode * tp
+        if need != n:
+            what = f"{prefill}P:{decode}D at tp={tp}" if prefill_tp in (None, tp) else \
+                f"{prefill}P@tp{prefill_tp}:{decode}D@tp{tp}"
+            raise ValueError(f"layout {what} needs {need} devices but cluster.rollout_devices is {n}")
+        if prefill_tp is not None and prefill_tp > node:
+            raise ValueError(f"layout.prefill_tp ({prefill_tp}) is larger than cluster.devices_per_node ({node})")
+    elif n % tp:
+        raise ValueError(f"cluster.rollout_devices ({n}) is not a multiple of engine.tp ({tp})")
