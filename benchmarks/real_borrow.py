@@ -21,24 +21,24 @@ import argparse
 import json
 import os
 import statistics
+import subprocess
 import sys
 from pathlib import Path
 from tempfile import TemporaryDirectory
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "src"))
-
-from rich.console import Console  # noqa: E402
-
-from pearl.runtime.training import run_training  # noqa: E402
 
 
 def run(borrow: bool, steps: int, staleness: int) -> dict:
+    """One `pearl train` in its own process (as a user runs it: nothing carried over between runs)."""
     with TemporaryDirectory() as d:
         out = Path(d) / "run"
-        s = run_training(ROOT / "configs" / "smollm2-calculator.yaml",
-                         {"max_steps": steps, "staleness": staleness, "policy": {"borrow": borrow}}, out,
-                         Console(file=open(os.devnull, "w")))
+        cmd = [sys.executable, "-m", "pearl.cli", "train", str(ROOT / "configs" / "smollm2-calculator.yaml"),
+               "--set", f"max_steps={steps}", "--set", f"staleness={staleness}",
+               "--set", f"policy.borrow={'true' if borrow else 'false'}", "--out", str(out)]
+        env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+        subprocess.run(cmd, check=True, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        s = json.loads((out / "summary.json").read_text())
         lines = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     trajs = sum(m["trained"] + m["failed"] + m["stale"] for m in lines[1:])
     s["per_s"] = trajs / max(lines[-1]["elapsed_s"] - lines[0]["elapsed_s"], 1e-9)
