@@ -17,6 +17,7 @@ from pearl.perf.roofline import PerfModel
 from pearl.runtime.sim import Simulator
 from pearl.types import LayoutShape, Pool, Role
 from pearl.workloads import TrajectorySpec, Workload
+from tests.control.test_planner import apply_plan
 
 PM1 = PerfModel(get_model("qwen3-8b"), get_hardware("h100"), tp=1)
 PM4 = PM1.with_tp(4)
@@ -85,19 +86,6 @@ def test_coarse_search_with_pairs_finds_the_exhaustive_best(profile, n):
     assert fast.ranked[0][3] <= full.ranked[0][3] * 1.01
 
 
-def _applied(workers, plan):
-    live = {w.id: (w.devices, w.role) for w in workers}
-    new = []
-    for s in plan.steps:
-        if s.kind is StepKind.SET_ROLE:
-            live[s.worker] = (live[s.worker][0], s.role)
-        elif s.kind is StepKind.STOP:
-            del live[s.worker]
-        elif s.kind is StepKind.START:
-            new.append((s.devices, s.role))
-    return list(live.values()) + new
-
-
 @pytest.mark.parametrize("planner", [plan_transition, plan_full_restart])
 def test_planner_gives_each_role_its_tp_on_one_node(planner):
     """8 tp1 mixed workers on two nodes of 4 → 1P@tp4:4D@tp1: the prefill worker gets 4 devices of
@@ -106,7 +94,7 @@ def test_planner_gives_each_role_its_tp_on_one_node(planner):
     nodes = {i: i // 4 for i in range(8)}
     target = LayoutShape.disaggregated(1, 4, 1, 4)
     plan = planner(workers, [], target, device_nodes=nodes)
-    after = _applied(workers, plan)
+    after = [(d, r) for _, d, r in apply_plan(workers, plan)]
     assert sorted((len(d), r.value) for d, r in after) == [(1, "decode")] * 4 + [(4, "prefill")]
     prefill = next(d for d, r in after if r is P)
     assert len({nodes[d] for d in prefill}) == 1
