@@ -228,9 +228,10 @@ class AgentLoop(Routing):
         self.rebalanced += self.rebalance(len(self.engines) - 1)
         return len(self.engines) - 1
 
-    def _take_out(self, i: int, migrate: bool) -> list[tuple[Any, Any]]:
-        """Every request on engine `i`, out of it: (request with its tokens so far, KV or None)."""
-        e, out = self.engines[i], []
+    def _take_out(self, i: int, migrate: bool, out: list | None = None) -> list[tuple[Any, Any]]:
+        """Every request on engine `i`, out of it: (request with its tokens so far, KV or None),
+        appended to `out` as each comes out (a caller that catches a failure keeps those)."""
+        e, out = self.engines[i], [] if out is None else out
         for req in list(e.requests()):
             if migrate:
                 m = e.migrate_out(req.rid)

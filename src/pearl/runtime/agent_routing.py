@@ -88,15 +88,17 @@ class Routing:
         for ep in self.episodes.values():
             if ep.engine in on:
                 on[ep.engine].append(ep)
+        # each worker's turns in flight, asked once (a Ray worker answers remotely)
+        live = {i: {r.session: r.rid for r in self.engines[i].requests()} for i in targets if i != new}
+        for i, eps in live.items():
+            on[i].sort(key=lambda ep, inflight=eps: ep.traj.id in inflight)  # in flight last: popped first
         share, moved = sum(map(len, on.values())) // len(targets), 0
         while len(on[new]) < share:
-            src = max((i for i in targets if i != new), key=lambda i: len(on[i]))
+            src = max(live, key=lambda i: len(on[i]))
             if len(on[src]) <= share:
                 break
-            live = {r.session: r.rid for r in self.engines[src].requests()}
-            on[src].sort(key=lambda ep: ep.traj.id in live)  # in flight last: popped first
             ep = on[src].pop()
-            self._move(src, new, ep, live.get(ep.traj.id))
+            self._move(src, new, ep, live[src].get(ep.traj.id))
             on[new].append(ep)
             moved += 1
         return moved

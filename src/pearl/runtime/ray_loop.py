@@ -162,15 +162,10 @@ class RayAgentLoop(AgentLoop):
         except ray.exceptions.GetTimeoutError:
             pass  # alive but busy
 
-    def _take_out(self, i: int, migrate: bool) -> list[tuple[Any, Any]]:
-        e, out = self.engines[i], []
+    def _take_out(self, i: int, migrate: bool, out: list | None = None) -> list[tuple[Any, Any]]:
+        out = [] if out is None else out
         try:
-            for req in list(e.requests()):
-                if migrate:
-                    m = e.migrate_out(req.rid)
-                    out.append((m.req, m.kv))
-                else:
-                    out.append((e.abort(req.rid).req, None))
+            super()._take_out(i, migrate, out)
         except WorkerGone:
             self._lost(i)  # what is still on it resumes from its tokens
         return out
