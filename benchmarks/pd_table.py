@@ -1,24 +1,27 @@
-"""Colocated vs disaggregated prefill/decode, per workload profile and rollout budget, from the simulator.
+"""Colocated vs disaggregated prefill/decode, per workload profile and rollout budget, from the simulator,
+each side with its knobs tuned.
 
-For each profile (swe, search, game, math-tool, web) and each rollout budget (8, 16, 32 devices), the
-same scenario runs with a fixed layout: colocated (every TP1 engine mixed) and disaggregated at the
-P:D ratios 1:3, 1:1 and 3:1 scaled to the budget (8 devices: 2P:6D, 4P:4D, 6P:2D). Qwen3-8B on
-H800; WORKLOADS.md S1's batch (32 prompts x 8) and 8 training devices whatever the rollout budget (the
-extra devices are what an elastic pool would add); staleness 1; seeds 0, 1, 2. Each run stops after
-10 training steps (or 8 virtual hours); the figure is the steady-state throughput (trained
+For each profile (swe, search, game, math-tool, web) and each rollout budget (8, 16, 32 devices of TP1
+engines), two static layouts compete, each tuned by short runs on a held-out seed
+(`pearl.runtime.tuning.TUNE_SEED`, never a reported seed):
+- colocated: every engine mixed, with the best cap on trajectories in flight
+  (`rl.max_concurrent_trajectories`: none, B or B/2 for a batch of B);
+- disaggregated: the best P:D ratio (a prefill share of 1/8, 1/4, 3/8 or 1/2, `tuning.ratios`) and cap.
+Without the cap, 512 trajectories in flight on 8 TP1 engines thrash the KV cache of a colocated layout
+on swe (most prefill work is recomputing evicted contexts): the old table, which gave every layout no
+cap, credited disaggregation with a win that was the thrash. Qwen3-8B on H800; WORKLOADS.md S1's batch
+(32 prompts x 8) and 8 training devices whatever the rollout budget (the extra devices are what an
+elastic pool would add); staleness 1. The chosen configuration then runs on seeds 0, 1, 2; each run
+stops after 10 training steps (or 8 virtual hours); the figure is the steady-state throughput (trained
 trajectories/s from the end of step 1 to the end of the last step), averaged over the seeds.
 
 The reasons columns: time-averaged decode batch per decode-capable worker (how much each decode step
-is shared) and the KV evictions (idle sessions pushed out of the cache, whose next turn must be
-prefilled again). The trainer-idle column says whether rollout is the bottleneck (idle > 0) or the
-trainer is (idle ~ 0: every layout ties).
-
-Workaround: response lengths are clipped at 2 tokens instead of 1 (probability ~1e-5 per turn), because
-a 1-token response in a disaggregated layout hangs the emulated engine (tests/sim/test_sim.py,
-test_one_token_responses_do_not_hang_a_disaggregated_layout). Each run also has a wall-clock limit.
+is shared), the KV evictions (idle sessions pushed out of the cache, whose next turn must be prefilled
+again), and whether the trainer waits (idle > 0: rollout is the bottleneck; idle ~ 0: every layout ties).
 
 Usage: python benchmarks/pd_table.py [--jobs 2] [--out docs/pd_table.md] [--profiles swe,game]
-Writes the markdown file and prints it; a summary line is printed last. About 2-3 minutes on 2 cores.
+Writes the markdown file and prints it; a summary line is printed last. 315 runs: 31 minutes on 2 cores
+shared with other jobs (load 8-14), 2026-12-01.
 """
 from __future__ import annotations
 
@@ -34,15 +37,15 @@ sys.path.insert(0, str(ROOT / "src"))
 
 from pearl.config import ScenarioConfig, parse_config  # noqa: E402
 from pearl.runtime.sim import Simulator  # noqa: E402
-from pearl.workloads import PROFILES as WORKLOADS  # noqa: E402
+from pearl.runtime.tuning import TUNE_SEED, ratios  # noqa: E402
 
 PROFILES = ["swe", "search", "game", "math-tool", "web"]
 BUDGETS = [8, 16, 32]
-RATIOS = [("colocated", None), ("1:3", (1, 3)), ("1:1", (1, 1)), ("3:1", (3, 1))]
 STEPS = 10
 SEEDS = (0, 1, 2)
 TRAIN_DEVICES = 8
-PROMPTS = 32  # x 8 samples: WORKLOADS.md S1's batch, whatever the rollout budget
+PROMPTS, GROUP = 32, 8  # WORKLOADS.md S1's batch, whatever the rollout budget
+CAPS = (None, PROMPTS * GROUP, PROMPTS * GROUP // 2)
 RUN_LIMIT_S = 240  # wall seconds per run
 
 
@@ -54,30 +57,25 @@ def _expire(signum, frame):
     raise RunTimeout
 
 
-def layout(n: int, ratio: tuple[int, int] | None) -> dict:
-    if ratio is None:
-        return {"mode": "colocated"}
-    p = n * ratio[0] // sum(ratio)
-    return {"mode": "disaggregated", "prefill": p, "decode": n - p}
+def layouts(n: int) -> list[int]:
+    """Prefill worker counts: 0 (colocated), then the disaggregated ratios tuning tries."""
+    return [0, *ratios(n)]
 
 
-def min_two_tokens(profile: str) -> dict:
-    """The profile's response-length distribution, clipped at 2 tokens (see the module docstring)."""
-    d = WORKLOADS[profile]["response_tokens"]
-    return d.model_copy(update={"min": max(2.0, d.min)}).model_dump(exclude_none=True)
+def label(n: int, p: int) -> str:
+    return "colocated" if p == 0 else f"{p}P:{n - p}D"
 
 
-def run_one(task: tuple[str, int, str, int]) -> dict:
-    profile, n, name, seed = task
-    lay = layout(n, dict(RATIOS)[name])
+def run_one(task: tuple[str, int, int, int | None, int]) -> dict:
+    profile, n, p, cap, seed = task
+    lay = {"mode": "colocated"} if p == 0 else {"mode": "disaggregated", "prefill": p, "decode": n - p}
     cfg = parse_config({
-        "name": f"{profile}-{n}-{name}", "seed": seed, "model": "qwen3-8b", "duration_s": 8 * 3600.0,
+        "name": f"{profile}-{n}-{label(n, p)}", "seed": seed, "model": "qwen3-8b", "duration_s": 8 * 3600.0,
         "max_train_steps": STEPS, "cluster": {"hardware": "h800", "rollout_devices": n, "train_devices": TRAIN_DEVICES},
-        "layout": lay, "workload": {"profile": profile, "response_tokens": min_two_tokens(profile)},
-        "rl": {"prompts_per_batch": PROMPTS, "group_size": 8, "staleness": 1},
+        "layout": lay, "workload": {"profile": profile},
+        "rl": {"prompts_per_batch": PROMPTS, "group_size": GROUP, "staleness": 1, "max_concurrent_trajectories": cap},
     }, ScenarioConfig)
-    out = {"profile": profile, "n": n, "name": name, "seed": seed,
-           "label": "colocated" if lay["mode"] == "colocated" else f"{lay['prefill']}P:{lay['decode']}D"}
+    out = {"profile": profile, "n": n, "p": p, "cap": cap, "seed": seed, "label": label(n, p)}
     signal.signal(signal.SIGALRM, _expire)
     signal.alarm(RUN_LIMIT_S)
     try:
@@ -88,71 +86,72 @@ def run_one(task: tuple[str, int, str, int]) -> dict:
         signal.alarm(0)
     span = r["throughput"]["steady_state_s"]
     idle = sum(s["trainer_idle_s"] for s in r["per_step"][1:])
-    return {**out, "steps": r["train_steps"], "thr": r["throughput"]["trajectories_per_s"],
+    return {**out, "steps": r["train_steps"], "thr": r["throughput"]["trajectories_per_s"] if r["train_steps"] >= 3 else 0.0,
             "conc": r["decode_concurrency"]["per_decode_worker"], "evict": r["reconfiguration"]["kv_evictions"],
             "idle": idle / span if span else 0.0}
 
 
-def aggregate(results: list[dict]) -> dict[tuple[str, int, str], dict]:
-    """Mean over seeds per (profile, budget, layout); keeps the per-seed throughputs."""
-    groups: dict[tuple[str, int, str], list[dict]] = {}
+def chosen(trials: list[dict]) -> dict[tuple[str, int, bool], tuple[int, int | None]]:
+    """Per (profile, budget, disaggregated?): the (prefill count, cap) of the best tuning run."""
+    best: dict[tuple[str, int, bool], dict] = {}
+    for t in trials:
+        key = (t["profile"], t["n"], t["p"] > 0)
+        if key not in best or t["thr"] > best[key]["thr"]:
+            best[key] = t
+    return {k: (t["p"], t["cap"]) for k, t in best.items()}
+
+
+def aggregate(results: list[dict]) -> dict[tuple[str, int, bool], dict]:
+    """Mean over seeds per (profile, budget, disaggregated?); keeps the per-seed throughputs."""
+    groups: dict[tuple[str, int, bool], list[dict]] = {}
     for r in results:
-        groups.setdefault((r["profile"], r["n"], r["name"]), []).append(r)
+        groups.setdefault((r["profile"], r["n"], r["p"] > 0), []).append(r)
     cells = {}
     for key, rs in groups.items():
         rs.sort(key=lambda r: r["seed"])
         mean = lambda f: sum(r[f] for r in rs) / len(rs)  # noqa: E731
-        cells[key] = {"label": rs[0]["label"], "name": key[2], "steps": min(r["steps"] for r in rs),
-                      "thr": mean("thr"), "seeds": [r["thr"] for r in rs], "conc": mean("conc"),
-                      "evict": mean("evict"), "idle": mean("idle")}
+        cap = rs[0]["cap"]
+        cells[key] = {"label": f"{rs[0]['label']}, cap {cap if cap is not None else 'none'}", "dis": key[2],
+                      "steps": min(r["steps"] for r in rs), "thr": mean("thr"), "seeds": [r["thr"] for r in rs],
+                      "conc": mean("conc"), "evict": mean("evict"), "idle": mean("idle")}
     return cells
 
 
-def ranked(cells: list[dict]) -> list[dict]:
-    return sorted((c for c in cells if c["steps"] >= 3), key=lambda c: -c["thr"])
-
-
-def margin(rank: list[dict]) -> str:
-    if len(rank) < 2:
-        return "n/a"
-    a, b = rank[0], rank[1]
+def margin(a: dict, b: dict) -> str:
     won = sum(x > y for x, y in zip(a["seeds"], b["seeds"]))
-    return f"+{a['thr'] / b['thr'] - 1:.1%} over {b['label']}, {won}/{len(a['seeds'])} seeds"
+    return f"+{a['thr'] / b['thr'] - 1:.1%} over {b['label'].split(',')[0]}, {won}/{len(a['seeds'])} seeds"
 
 
-def table(profile: str, cells: dict[tuple[int, str], dict]) -> list[str]:
-    names = [n for n, _ in RATIOS]
-    head = (["rollout budget"] + [("colocated" if n == "colocated" else f"P:D {n}") for n in names]
-            + ["best's margin", "decode batch / worker", "KV evictions", "trainer idle"])
+def rank(co: dict, dis: dict) -> tuple[dict, dict]:
+    return (dis, co) if dis["thr"] > co["thr"] else (co, dis)
+
+
+def cell_text(c: dict, best: bool) -> str:
+    txt = f"{c['thr']:.3f} ({c['label']})" if c["steps"] >= 3 else f"n/a ({c['label']}, {c['steps']} steps)"
+    return f"**{txt}**" if best else txt
+
+
+def table(profile: str, cells: dict[tuple[str, int, bool], dict]) -> list[str]:
+    head = ["rollout budget", "colocated, tuned cap", "disaggregated, tuned ratio and cap", "best's margin",
+            "decode batch / worker", "KV evictions", "trainer idle"]
     out = [f"### {profile}", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for n in BUDGETS:
-        row = [cells[(n, name)] for name in names]
-        rank = ranked(row)
-        line = [f"{n} devices"]
-        for c in row:
-            txt = (f"{c['thr']:.3f}" if c["steps"] >= 3 else "n/a (run timed out)" if c["steps"] < 0
-                   else f"n/a ({c['steps']} steps)")
-            txt += f" ({c['label']})" if c["name"] != "colocated" else ""
-            line.append(f"**{txt}**" if rank and c is rank[0] else txt)
-        line.append(margin(rank))
-        line.append(" / ".join(f"{c['conc']:.1f}" for c in row))
-        line.append(" / ".join(f"{c['evict']:.0f}" for c in row))
-        line.append(" / ".join(f"{c['idle']:.0%}" for c in row))
-        out.append("| " + " | ".join(line) + " |")
+        co, dis = cells[(profile, n, False)], cells[(profile, n, True)]
+        a, b = rank(co, dis)
+        out.append("| " + " | ".join([f"{n} devices", cell_text(co, a is co), cell_text(dis, a is dis), margin(a, b),
+                                      f"{co['conc']:.1f} / {dis['conc']:.1f}", f"{co['evict']:.0f} / {dis['evict']:.0f}",
+                                      f"{co['idle']:.0%} / {dis['idle']:.0%}"]) + " |")
     return out + [""]
 
 
-def headline(cells: dict[tuple[str, int, str], dict], profiles: list[str]) -> tuple[list[str], int]:
+def headline(cells: dict[tuple[str, int, bool], dict], profiles: list[str]) -> tuple[list[str], int]:
     out, n_dis = [], 0
     for p in profiles:
         wins = []
         for n in BUDGETS:
-            rank = ranked([cells[(p, n, name)] for name, _ in RATIOS])
-            if not rank:
-                wins.append(f"{n} devices: n/a")
-                continue
-            n_dis += rank[0]["name"] != "colocated"
-            wins.append(f"{n} devices: {rank[0]['label']} ({margin(rank)})")
+            a, b = rank(cells[(p, n, False)], cells[(p, n, True)])
+            n_dis += a["dis"]
+            wins.append(f"{n} devices: {a['label']} ({margin(a, b)})")
         out.append(f"- **{p}**: " + "; ".join(wins))
     return out, n_dis
 
@@ -164,37 +163,43 @@ def main() -> None:
     ap.add_argument("--profiles", default=",".join(PROFILES))
     args = ap.parse_args()
     profiles = [p for p in args.profiles.split(",") if p]
-    tasks = [(p, n, name, s) for p in profiles for n in BUDGETS for name, _ in RATIOS for s in SEEDS]
-    tasks.sort(key=lambda t: (-t[1], t[0] != "swe"))  # the longest runs first: better packing
     t0 = time.perf_counter()
+    tune = [(pr, n, p, cap, TUNE_SEED) for pr in profiles for n in BUDGETS for p in layouts(n) for cap in CAPS]
+    tune.sort(key=lambda t: (-t[1], t[0] != "swe"))  # the longest runs first: better packing
     with mp.Pool(args.jobs) as pool:
+        pick = chosen(pool.map(run_one, tune, chunksize=1))
+        tasks = [(pr, n, *pick[(pr, n, dis)], s) for pr in profiles for n in BUDGETS for dis in (False, True)
+                 for s in SEEDS]
+        tasks.sort(key=lambda t: (-t[1], t[0] != "swe"))
         results = pool.map(run_one, tasks, chunksize=1)
     wall = time.perf_counter() - t0
     cells = aggregate(results)
     cmd = "python benchmarks/pd_table.py" + ("" if profiles == PROFILES else f" --profiles {args.profiles}")
     heads, n_dis = headline(cells, profiles)
-    md = ["# Colocated vs disaggregated PD, by workload and rollout budget", "",
-          f"Generated by `{cmd}`. **Every number comes from the simulator's model** (roofline step times for "
-          "Qwen3-8B on H800, emulated engines, virtual time), not from measurements on hardware.", "",
-          f"Set-up: WORKLOADS.md S1 (batch {PROMPTS} prompts x 8 samples, {TRAIN_DEVICES} training devices, "
-          "staleness 1) with 8, 16 or 32 rollout devices of TP1 engines in a fixed layout; P:D ratios scaled to "
-          f"the budget (the layout is in brackets). {STEPS} training steps per run; cells are the steady-state "
-          f"trained trajectories/s (end of step 1 to end of step {STEPS}), mean of seeds {', '.join(map(str, SEEDS))}; "
-          "best per row in bold, with its margin over the runner-up and on how many seeds it beat it.", "",
-          "Reasons columns, in the order colocated / 1:3 / 1:1 / 3:1: decode batch / worker = time-averaged "
-          "number of sequences in each decode step of a decode-capable worker; KV evictions = idle sessions "
-          "pushed out of a KV cache (their next turn is prefilled again); trainer idle = fraction of the steady "
-          "state the trainer waited for a batch (near 0: trainer-bound, layouts would tie).", "",
-          "Response lengths are clipped at 2 tokens instead of 1: a 1-token response hangs a disaggregated "
-          "layout in the current simulator (see the script's docstring).", "", "## Who wins", ""]
+    md = ["# Colocated vs disaggregated PD, by workload and rollout budget, each side tuned", "",
+          f"Generated by `{cmd}` ({len(tune)} tuning runs and {len(tasks)} reported runs, {wall:.0f} s on "
+          f"{args.jobs} processes). **Every number comes from the simulator's model** (roofline step times "
+          "for Qwen3-8B on H800, emulated engines, virtual time), not from measurements on hardware.", "",
+          f"Set-up: WORKLOADS.md S1 (batch {PROMPTS} prompts x {GROUP} samples, {TRAIN_DEVICES} training devices, "
+          "staleness 1) with 8, 16 or 32 rollout devices of TP1 engines. Each side is tuned by short runs on a "
+          "held-out seed: colocated gets the best cap on trajectories in flight (none, "
+          f"{CAPS[1]} or {CAPS[2]}), disaggregated the best P:D ratio (prefill share 1/8, 1/4, 3/8 or 1/2) and "
+          f"cap; the chosen configuration (in brackets) then runs on seeds {', '.join(map(str, SEEDS))}. "
+          f"{STEPS} training steps per run; cells are the steady-state trained trajectories/s (end of step 1 to "
+          "end of the last step), mean of the seeds; best per row in bold, with its margin and on how many "
+          "seeds it won.", "",
+          "Reasons columns, colocated / disaggregated: decode batch / worker = time-averaged number of sequences "
+          "in each decode step of a decode-capable worker; KV evictions = idle sessions pushed out of a KV cache "
+          "(their next turn is prefilled again); trainer idle = fraction of the steady state the trainer waited "
+          "for a batch (near 0: trainer-bound, layouts would tie).", "", "## Who wins", ""]
     md += heads + [""]
     for p in profiles:
-        md += table(p, {(n, name): cells[(p, n, name)] for n in BUDGETS for name, _ in RATIOS})
+        md += table(p, cells)
     text = "\n".join(md)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(text + "\n")
     print(text)
-    print(f"{len(tasks)} runs in {wall:.0f} s on {args.jobs} processes; wrote {args.out}")
+    print(f"{len(tune) + len(tasks)} runs in {wall:.0f} s on {args.jobs} processes; wrote {args.out}")
     cells_n = len(profiles) * len(BUDGETS)
     print(f"pd table: disaggregated best in {n_dis} of {cells_n} (profile, budget) rows, colocated in "
           f"{cells_n - n_dis}")
