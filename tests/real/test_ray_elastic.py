@@ -2,7 +2,7 @@
 the controller starts a worker on it, and the device is revoked with notice (requests migrate with
 their KV) or without (they resume from their tokens); with `backend: ray`, a Ray node started mid-run
 with `--resources '{"pearl_elastic": 1}'` is detected, offered, used, and its leaving is a
-revocation; a node without the cluster's token is refused and nothing is scheduled on it. Every run:
+revocation (drained first: a notice); a node without the cluster's token is refused and nothing is scheduled on it. Every run:
 trained + failed + stale + unfinished = admitted."""
 import json
 import os
@@ -179,12 +179,85 @@ def test_a_node_without_the_token_is_refused_and_gets_nothing(head, tmp_path):
         _stop_node(node)
 
 
+# The elastic node's id, seen by a driver with the token.
+NODE_ID = ("import sys, ray\nray.init(address=sys.argv[1], log_to_driver=False)\n"
+           "print([n['NodeID'] for n in ray.nodes() if n['Alive'] and n['Resources'].get('pearl_elastic')][0])")
+
+
+def _drain(address, token, seconds):
+    """`ray drain-node` on the elastic node, as Ray's autoscaler does before it preempts one."""
+    env = _env(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=token)
+    nid = subprocess.run([sys.executable, "-c", NODE_ID, address], env=env, capture_output=True, text=True,
+                         timeout=120).stdout.strip().splitlines()[-1]
+    r = subprocess.run([str(RAY_BIN), "drain-node", "--address", address, "--node-id", nid, "--reason",
+                        "DRAIN_NODE_REASON_PREEMPTION", "--reason-message", "spot notice (test)",
+                        "--deadline-remaining-seconds", str(seconds)], env=env, capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+
+
+# What NodeWatch reads from a live cluster while the elastic node, busy with an actor (an idle node
+# being drained just exits), is drained with a deadline: its id in both, the deadline ~30 s away.
+WATCH_QUERY = """
+import json, subprocess, sys, time, ray
+ray.init(address=sys.argv[1], log_to_driver=False)
+from pearl.runtime.ray_elastic import draining_nodes, elastic_nodes
+
+@ray.remote(num_cpus=0, resources={"pearl_elastic": 1})
+class Busy:
+    def node(self):
+        return ray.get_runtime_context().get_node_id()
+
+busy = Busy.remote()  # held: an actor without a handle is gone, and an idle node drains at once
+nid = ray.get(busy.node.remote(), timeout=120)
+before = elastic_nodes()
+subprocess.run([sys.argv[2], "drain-node", "--address", sys.argv[1], "--node-id", nid, "--reason",
+                "DRAIN_NODE_REASON_PREEMPTION", "--reason-message", "spot notice (test)",
+                "--deadline-remaining-seconds", "30"], check=True)
+seen = {}
+for _ in range(50):
+    seen = draining_nodes()
+    if nid in seen:
+        break
+    time.sleep(0.1)
+print(json.dumps({"node": nid, "before": before, "draining": {k: (v - time.time() if v else v) for k, v in seen.items()},
+                  "alive": nid in elastic_nodes()}))
+"""
+
+
+def test_a_drained_node_is_seen_with_its_deadline(head, tmp_path):
+    """The cluster-side half of a drain notice (the run-side half: test_node_watch.py, and the slow
+    run below): `ray drain-node` with a deadline shows in `draining_nodes()` for that node."""
+    address, token = head
+    env = _env(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=token)
+    with open(tmp_path / "node.log", "w") as log:
+        node = _start_node(address, env, log)
+    try:
+        _wait_for(lambda: _nodes(address, token)["elastic"] == 1, 90, "the node never joined")
+        r = subprocess.run([sys.executable, "-c", WATCH_QUERY, address, str(RAY_BIN)], env=env, capture_output=True,
+                           text=True, timeout=240)
+        assert r.returncode == 0, r.stderr[-2000:]
+        seen = json.loads(r.stdout.strip().splitlines()[-1])
+        nid = seen["node"]
+        assert seen["before"] == {nid: 1} and seen["alive"], seen
+        assert 20 < seen["draining"][nid] <= 30, seen
+    finally:
+        _stop_node(node)
+
+
 @pytest.mark.slow
-def test_a_ray_node_joining_and_leaving_mid_run_is_used_then_revoked(head, tmp_path):
+@pytest.mark.parametrize("leaves", ["stopped", "drained"])
+def test_a_ray_node_joining_and_leaving_mid_run_is_used_then_revoked(head, tmp_path, leaves):
+    """The node is stopped (a revocation without notice), or drained first (`ray drain-node` with a
+    deadline: a notice, the turns in flight move off it with their KV) and then stopped."""
     address, token = head
     out = tmp_path / "run"
+    # rlboost+ takes every elastic device as it comes: this test is about the node's life, not PEARL's
+    # gate (which rightly keeps a second worker out of this trainer-bound run: an actor's start costs
+    # more than the 0.2% it is predicted to gain)
     sets = {"max_steps": 250, "prompts_per_step": 2, "group_size": 4, "rollout_workers": 1, "layout": "colocated",
-            "policy.decision_interval_s": 0.5, "policy.min_dwell_s": 1.0, "policy.elastic": "true",
+            "policy.name": "rlboost+", "policy.decision_interval_s": 0.5, "policy.min_dwell_s": 1.0,
+            "policy.elastic": "true",
             "elastic.ray_nodes": "true", "elastic.poll_s": 0.5}
     args = [x for k, v in sets.items() for x in ("--set", f"{k}={v}")]
     # the node leaves 1 s after its SIGTERM (Ray drains a node 30 s by default)
@@ -207,6 +280,10 @@ def test_a_ray_node_joining_and_leaving_mid_run_is_used_then_revoked(head, tmp_p
         assert up.returncode == 0, ("worker 1 never came up on the node", up.stderr[-2000:])
         s0 = steps()
         _wait_for(lambda: steps() >= s0 + 5 or run.poll() is not None, 240, "the run stalled with the node")
+        if leaves == "drained":
+            _drain(address, token, 20)
+            s0 = steps()
+            _wait_for(lambda: steps() >= s0 + 3 or run.poll() is not None, 240, "the run stalled after the drain")
         _stop_node(node)
         node = None
         assert run.poll() is None, "the run ended before the node left"
@@ -218,7 +295,12 @@ def test_a_ray_node_joining_and_leaving_mid_run_is_used_then_revoked(head, tmp_p
             run.kill()
     s = json.loads((out / "summary.json").read_text())
     ev = s["controller"]["elastic"]
-    assert [e["event"] for e in ev] == ["added", "removed"] and ev[1]["abrupt"] is True, ev
+    if leaves == "stopped":
+        assert [e["event"] for e in ev] == ["added", "removed"] and ev[1]["abrupt"] is True, ev
+    else:  # the notice came from the drain, 20 s before its deadline; the turns on the node moved off
+        assert [e["event"] for e in ev] == ["added", "notice", "removed"] and ev[2]["abrupt"] is False, ev
+        assert 15 < ev[1]["at"] - ev[1]["t"] <= 20, ev
+        assert any(d["trigger"].startswith("revocation notice") for d in s["decisions"]), [d["trigger"] for d in s["decisions"]]
     assert any(d["trigger"] == "1 elastic devices arrived" and d["switch"] for d in s["decisions"])
     assert s["ray_workers_started_mid_run"] >= 1 and s["ray_workers_lost"] >= 1  # it served, then went
     # (a worker started on the node as it left may die too: then it is started again elsewhere)
