@@ -4,9 +4,14 @@ per scenario: baselines as configured and tuned, pearl, bound, ablations).
 Prints each scenario's table, then a summary row per scenario (PEARL / best tuned baseline, which
 baseline, PEARL / bound) and, LAST, the geometric mean of PEARL / best tuned baseline over the
 scenarios and the minimum PEARL / bound. `--duration` shortens every run (virtual seconds) so the
-whole set fits a small machine; the figures are then those of the shortened runs.
+whole set fits a small machine; the figures are then those of the shortened runs. `--paper
+MODEL:CLUSTER:POOL:AVAILABILITY` runs the paper matrix's cells of that model, cluster, pool and
+availability, one per workload (`pearl.runtime.paper.cells`), instead of the shipped scenarios; a cell
+whose trainer is predicted to be the bottleneck (`paper.bottleneck`) is run and printed but left out
+of the geometric mean and the minimum (its ratios say little about rollout).
 
     .venv/bin/python benchmarks/policies.py [--seeds 3] [--jobs 2] [--only NAME] [--duration S] [--out DIR]
+        [--paper qwen3-8b:16r16t:16:spot]
 """
 from __future__ import annotations
 
@@ -28,30 +33,54 @@ def main() -> None:
     ap.add_argument("--only", default=None, help="run the scenarios whose file name contains this")
     ap.add_argument("--duration", type=float, default=None, help="override duration_s of every scenario")
     ap.add_argument("--out", type=Path, default=ROOT / "runs" / "policies")
+    ap.add_argument("--paper", default=None, metavar="MODEL:CLUSTER:POOL:AVAILABILITY",
+                    help="the paper matrix's cells (every workload) instead of the shipped scenarios")
     a = ap.parse_args()
-    files = sorted(p for p in (ROOT / "scenarios").glob("*.yaml") if not a.only or a.only in p.stem)
     summary = []
-    for f in files:
+    for name, cfg, tbound in _scenarios(a, load_config, ScenarioConfig):
         t0 = time.perf_counter()
-        cfg = load_config(f, ScenarioConfig, {"duration_s": a.duration} if a.duration else None)
         rows = compare(cfg, [cfg.seed + i for i in range(a.seeds)], jobs=a.jobs, log=lambda s: None)
-        write(rows, a.out / f.stem)
+        write(rows, a.out / name)
         h = headline(rows)
         by = {r.name: r.mean("throughput.trajectories_per_s") for r in rows}
         best = max((k for k in by if k.endswith(" tuned")), key=by.get)
-        print(f"## {f.stem} ({a.seeds} seeds, {cfg.duration_s:.0f} virtual s, {time.perf_counter() - t0:.0f} s)")
+        print(f"## {name} ({a.seeds} seeds, {cfg.duration_s:.0f} virtual s, {time.perf_counter() - t0:.0f} s)"
+              + (" — trainer-bound (predicted): left out of the summary figures" if tbound else ""))
         print(format_table(rows))
         print()
-        summary.append((f.stem, h["pearl_over_best_tuned"], best, h["pearl_over_bound"]))
+        summary.append((name, h["pearl_over_best_tuned"], best, h["pearl_over_bound"], tbound))
     print("| scenario | PEARL / best tuned baseline | best tuned baseline | PEARL / bound |")
     print("|---|---|---|---|")
-    for name, r, best, b in summary:
-        print(f"| {name} | {r:.3f} | {best} | {b:.3f} |")
-    good = [r for _, r, _, _ in summary if r == r and r > 0]
+    for name, r, best, b, tbound in summary:
+        print(f"| {name}{' (trainer-bound)' if tbound else ''} | {r:.3f} | {best} | {b:.3f} |")
+    counted = [x for x in summary if not x[4]]
+    good = [r for _, r, _, _, _ in counted if r == r and r > 0]
     gmean = math.exp(sum(map(math.log, good)) / len(good)) if good else math.nan
-    bmin = min((b for *_, b in summary if b == b), default=math.nan)
+    bmin = min((b for _, _, _, b, _ in counted if b == b), default=math.nan)
     print(f"PEARL / best tuned baseline: geometric mean {gmean:.3f} over {len(good)} scenarios; "
           f"PEARL / bound: minimum {bmin:.3f}")
+
+
+def _scenarios(a, load_config, ScenarioConfig):
+    """(name, scenario, trainer-bound?) to run: the shipped scenario files, or `--paper`'s cells."""
+    over = {"duration_s": a.duration} if a.duration else None
+    if a.paper is None:
+        for f in sorted(p for p in (ROOT / "scenarios").glob("*.yaml") if not a.only or a.only in p.stem):
+            yield f.stem, load_config(f, ScenarioConfig, over), False
+        return
+    from pearl.runtime.paper import bottleneck, cells
+
+    try:
+        model, cluster, pool, availability = a.paper.split(":")
+        chosen = cells(models=[model], clusters=[cluster], pools=[int(pool)], availability=[availability],
+                       seeds=[0], duration_s=a.duration)
+    except ValueError as err:
+        raise SystemExit(f"--paper wants MODEL:CLUSTER:POOL:AVAILABILITY, e.g. qwen3-8b:16r16t:16:spot ({err})")
+    if not chosen:
+        raise SystemExit(f"--paper {a.paper}: no such cell in the paper matrix (see scenarios/paper/generate.py --list)")
+    for c in chosen:
+        if not a.only or a.only in c.key:
+            yield c.key, c.config, bottleneck(c).trainer_bound
 
 
 if __name__ == "__main__":
