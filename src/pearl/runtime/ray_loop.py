@@ -88,6 +88,8 @@ class RayAgentLoop(AgentLoop):
             self.rebalanced += self.rebalance(i)  # it takes its share of the episodes in flight
 
     def _move(self, src: int, dst: int, ep: Episode, rid: str | None) -> None:
+        if src in self.dead or dst in self.dead:  # one end died earlier in this rebalance: `_lost` placed its turns
+            return
         try:
             super()._move(src, dst, ep, rid)
         except WorkerGone:  # one end died mid-move: find it; the turn starts again from its tokens
