@@ -117,7 +117,7 @@ def _check_writable(path: Path, what: str) -> None:
 @app.command()
 def simulate(
     scenario: Path = typer.Argument(..., help="Scenario YAML (see scenarios/)."),
-    policy: Optional[str] = typer.Option(None, help="Override policy.name: fixed, static-pd, plan-static, pearl, rlboost+, roll-partial."),
+    policy: Optional[str] = typer.Option(None, help="Override policy.name: fixed, static-pd, plan-static, plan-warmup, pearl, rlboost+, roll-partial."),
     seed: Optional[int] = typer.Option(None, parser=_int_in(0, MAX_SEED), help="Override the scenario's seed."),
     duration: Optional[float] = typer.Option(None, parser=_float_in(0, MAX_DURATION_S),
                                              help="Override duration_s (virtual seconds, at most a year)."),

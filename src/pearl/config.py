@@ -250,7 +250,7 @@ class ControllerConfig(Frozen):
 class PolicyConfig(Frozen):
     """Who decides the layout over time. `fixed`: the layout above, never changed."""
 
-    name: Literal["fixed", "pearl", "rlboost+", "static-pd", "roll-partial", "plan-static"] = "fixed"
+    name: Literal["fixed", "pearl", "rlboost+", "static-pd", "roll-partial", "plan-static", "plan-warmup"] = "fixed"
     # Controller knobs (issue 3); fixed policies ignore them.
     decision_interval_s: float = Field(default=30.0, gt=0, le=MAX_DURATION_S)
     switch_margin: float = Field(default=0.1, ge=0, le=1e6)  # required relative gain over cost
@@ -262,6 +262,8 @@ class PolicyConfig(Frozen):
     cost_aware: bool = True
     return_bound_s: float = Field(default=5.0, ge=0, le=MAX_DURATION_S)  # max trainer wait for a borrowed device
     horizon_s: float = Field(default=900.0, gt=0, le=MAX_DURATION_S)  # how far ahead a switch's gain is counted
+    # plan-warmup: run the configured layout this long, then plan from the workload observed (once)
+    plan_after_s: float = Field(default=3600.0, gt=0, le=MAX_DURATION_S)
     # Tensor-parallel sizes PEARL may choose (None: every size in 1, 2, 4, 8 that fits a node and
     # the model's KV heads); baselines keep engine.tp.
     tps: list[int] | None = None

@@ -237,3 +237,21 @@ def test_plan_static_loses_no_trajectory():
     sim, res = run(scenario("plan-static"))
     assert res["train_steps"] >= 2
     assert sim.next_traj == sim.trained_trajs + sim.discarded + len(live_trajectories(sim))
+
+
+def test_plan_warmup_runs_the_configured_layout_then_plans_once_from_what_it_observed():
+    cfg = load_config(ROOT / "scenarios" / "s1-math-tool-qwen3-8b.yaml", ScenarioConfig,
+                      {"duration_s": 900, "policy": {"name": "plan-warmup", "plan_after_s": 300}})
+    sim = Simulator(cfg)
+    res = sim.run()
+    (d,) = sim.driver.decisions  # one decision, at plan_after_s
+    assert d["t"] == 300 and d["current"] == "colocated×8"  # the configured layout ran until then
+    assert d["estimate"]["trajectories"] > 0  # planned from trajectories it saw finish, not told
+    assert d["switch"] and d["chosen"] == d["candidates"][0][0] == res["layout_final"]
+    assert res["reconfiguration"]["switches"] == 1
+    assert all(sim.state.devices[dev].pool.value == "rollout" for e in sim.all_engines for dev in e.devices)
+
+
+def test_plan_warmup_is_not_given_the_declared_workload():
+    from pearl.control.policies import given_declared_workload
+    assert given_declared_workload("plan-static") and not given_declared_workload("plan-warmup")

@@ -1,4 +1,4 @@
-"""`plan-static`: the static layout a careful user picks with `pearl plan` before the run, then keeps.
+"""`plan-static` / `plan-warmup`: the static layout a careful user picks with `pearl plan`, then keeps.
 
 The strongest natural static baseline (issue 9): the PD mode, P:D ratio and tensor-parallel size
 ranked best by the same predictor and selector PEARL uses (`pearl plan` calls the same predictor),
@@ -10,6 +10,11 @@ layout cannot use devices that come and go), every event ignored.
 The simulator builds the planned layout at t = 0 (`initial_shape`), so the baseline pays no
 switch; a runtime that started the configured layout instead gets one switch on the first tick,
 planned make-before-break like any of PEARL's.
+
+`plan-warmup` is the same user who first runs the configured layout for `policy.plan_after_s`
+(the first hour by default), then plans from the workload *observed* in that time (the estimate
+PEARL itself learns, `control.estimate`; it is told nothing before the run), switches once and
+keeps that layout. Like `plan-static` it neither borrows nor uses elastic devices.
 """
 from __future__ import annotations
 
@@ -20,7 +25,7 @@ from pearl.control.observation import Effects, Event, Observation
 from pearl.control.planner import plan_transition
 from pearl.types import LayoutShape, Pool
 
-__all__ = ["PlanStatic"]
+__all__ = ["PlanStatic", "PlanWarmup"]
 
 
 class PlanStatic(Controller):
@@ -75,3 +80,25 @@ class PlanStatic(Controller):
 
     def on_event(self, ev: Event, obs: Observation) -> Effects:
         return Effects()
+
+
+class PlanWarmup(PlanStatic):
+    """Run the configured layout for `policy.plan_after_s`, learning the workload from what finishes;
+    then plan from that estimate, switch once and keep the layout (see the module docstring)."""
+
+    name = "plan-warmup"
+
+    def initial_shape(self, n_devices: int) -> None:
+        return None  # the configured layout until the plan
+
+    def first_tick_t(self) -> float | None:
+        return min(self.cfg.decision_interval_s, self.cfg.plan_after_s)
+
+    def on_tick(self, obs: Observation) -> Effects:
+        """Learn from what finished; at `plan_after_s`, plan and switch (once); no tick after."""
+        if self._ticked:
+            return Effects()
+        self._estimate(obs)
+        if obs.t < self.cfg.plan_after_s:
+            return Effects(next_tick_t=min(obs.t + self.cfg.decision_interval_s, self.cfg.plan_after_s))
+        return super().on_tick(obs)  # its decision record carries the estimate it planned from

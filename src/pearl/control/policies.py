@@ -5,6 +5,8 @@
   incremental make-before-break plans, cost-aware switching, borrowing with timely return,
   elastic devices absorbed. Its ablations are `PolicyConfig` flags (adapt_pd, borrow, elastic,
   cost_aware, incremental).
+- `plan-static` / `plan-warmup` (`control.plan_static`): the layout `pearl plan` ranks best, planned
+  before the run from the declared workload, or after `plan_after_s` from the observed one; then kept.
 - `rlboost+` (`RLBoostPlus`): elastic devices + idle-trainer reuse with token-level migration; fixed
   colocated PD at the configured tp, no cost model.
 - `roll-partial` (`RollPartial`): borrow the trainer's devices every step and give them back by
@@ -15,7 +17,7 @@ from __future__ import annotations
 from pearl.config import PolicyConfig
 from pearl.control.controller import ControlSetting, Controller
 from pearl.control.observation import Effects, Event, Observation
-from pearl.control.plan_static import PlanStatic
+from pearl.control.plan_static import PlanStatic, PlanWarmup
 
 __all__ = ["RLBoostPlus", "RollPartial", "StaticController", "given_declared_workload", "make_controller"]
 
@@ -76,4 +78,6 @@ def make_controller(policy: PolicyConfig, setting: ControlSetting | None) -> Con
         raise ValueError(f"policy {policy.name!r} needs a ControlSetting")
     if policy.name == PlanStatic.name:  # the layout `pearl plan` ranks best, kept (control/plan_static.py)
         return PlanStatic(policy, setting)
+    if policy.name == PlanWarmup.name:  # the same, planned from the workload seen in the first plan_after_s
+        return PlanWarmup(policy, setting)
     return {"pearl": Controller, "rlboost+": RLBoostPlus, "roll-partial": RollPartial}[policy.name](policy, setting)
