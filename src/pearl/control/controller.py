@@ -10,8 +10,9 @@ One decision (`decide`): the budget (live workers + usable free devices) → pre
 in-flight pipeline batch per candidate shape (`control.predictor`), corrected by what each shape was
 measured to deliver (`control.refit`) → the best shape (`control.selector`) → the smallest
 make-before-break plan (`control.planner`) → the cost-aware gate (`control.switching`) → actions.
-Borrowing (`on_event(TrainerIdle)`) asks `control.borrowing` whether lending the trainer's devices
-pays, and `TrainerNeedsDevices` hands them back. The baselines are configurations of this class
+Borrowing (`control.lending`: on `TrainerIdle`, and on a tick while the trainer waits for its batch
+with nothing lent, e.g. before the first batch) asks `control.borrowing` whether lending the trainer's
+devices pays, and `TrainerNeedsDevices` hands them back. The baselines are configurations of this class
 (`pearl.control.policies`).
 """
 from __future__ import annotations
@@ -23,9 +24,10 @@ from typing import Callable
 from pearl.config import EngineConfig, PolicyConfig
 from pearl.control.borrowing import BorrowPlanner
 from pearl.control.estimate import LifetimeEstimator, WorkloadEstimator
+from pearl.control.lending import Lending, next_batch_at
+from pearl.control.lending import serves as _valid
 from pearl.control.observation import (Decision, DeviceObs, DevicesAdded, DevicesRemoved, Effects, Event, Flip,
-                                       Lend, Notice, Observation, Reclaim, Redecide, Start, Stop, TrainerIdle,
-                                       TrainerNeedsDevices)
+                                       Notice, Observation, Redecide, Start, Stop, TrainerIdle, TrainerNeedsDevices)
 from pearl.control.planner import (DeviceView, Plan, StepKind, TransitionCosts, WorkerView, plan_full_restart,
                                    plan_transition)
 from pearl.control.predictor import BatchState, Prediction, WorkloadStats, predict_many, prepare
@@ -34,7 +36,7 @@ from pearl.control.selector import select
 from pearl.control.switching import SwitchGate
 from pearl.errors import ResourceError
 from pearl.perf.roofline import PerfModel
-from pearl.types import DeviceStatus, LayoutShape, Mode, Pool, Role, WorkerPhase
+from pearl.types import DeviceStatus, LayoutShape, Pool, WorkerPhase
 
 __all__ = ["ControlSetting", "Controller"]
 
@@ -56,12 +58,7 @@ class ControlSetting:
     cold_start_s: float = 0.0  # a worker's first start on an elastic device (process, weight pull, warm-up)
 
 
-def _valid(shape: LayoutShape) -> bool:
-    return shape.n_workers > 0 and (shape.n_mixed + shape.n_decode) > 0 and \
-        (shape.mode is Mode.COLOCATED or (shape.n_prefill > 0 and shape.n_decode > 0))  # (P + mixed: transient)
-
-
-class Controller:
+class Controller(Lending):
     """PEARL (see the module docstring). Subclasses in `pearl.control.policies` switch mechanisms off."""
 
     name = "pearl"
@@ -108,6 +105,10 @@ class Controller:
         self._estimate(obs)
         self._measure(obs)
         eff = self.decide(obs, "periodic")
+        if not any(d.switch for d in eff.decisions):  # (a new layout first: lend on the next tick)
+            lend = self._lend(obs, "periodic: trainer idle, nothing lent")  # e.g. before the first batch
+            eff.actions += lend.actions
+            eff.decisions += lend.decisions
         eff.next_tick_t = obs.t + self.cfg.decision_interval_s
         return eff
 
@@ -288,8 +289,8 @@ class Controller:
         devs: list[DeviceObs] = [by_id[d.id] for d in free] + [by_id[d] for w in obs.workers for d in w.devices]
         w = math.inf
         for d in devs:
-            if d.pool is Pool.TRAIN and d.lease_deadline is not None:
-                w = min(w, d.lease_deadline - obs.t)
+            if d.pool is Pool.TRAIN and d.lease_deadline is not None:  # (the first batch: its estimate grows)
+                w = min(w, max(d.lease_deadline, next_batch_at(obs.trainer, obs.t)[0]) - obs.t)
             elif d.pool is Pool.ELASTIC:  # expected stay: the lifetimes observed so far, or until the notice
                 w = min(w, (d.notice_at - obs.t) if d.notice_at is not None
                         else self.lifetimes.expected_stay_s(obs.t))
@@ -325,76 +326,3 @@ class Controller:
             elif s.kind is StepKind.STOP:
                 out.append(Stop(s.worker, migrate=True, delay_s=begin))
         return out
-
-    # ------------------------------------------------------------------ borrowing
-    def _lend(self, obs: Observation) -> Effects:
-        tr = obs.trainer
-        if not self.cfg.borrow or tr.groups_ready >= tr.groups_needed:
-            return Effects()
-        ready = tr.batch_ready_t if len(tr.batch_ready_t) > 1 else (0.0, *tr.batch_ready_t)  # 0: the run's start
-        gaps = [b - a for a, b in zip(ready, ready[1:])][-3:]
-        if not gaps:
-            return Effects()
-        t, idle_until = obs.t, ready[-1] + sum(gaps) / len(gaps)  # the next batch: as far as the last ones
-        devs, eff = tuple(tr.devices), Effects()
-        if self.cost_model:
-            gain, role = self._lend_gain(obs, len(devs))
-            ret_cost = self.costs.stop_s + self.costs.migrate_request_s * self.k.return_requests
-            v = self.borrower.should_lend(t, idle_until, len(devs), gain, self.k.wake_s, ret_cost)
-            eff.decisions.append(Decision(t=t, trigger="trainer idle", kind="borrow", switch=False, reason=v.reason,
-                                          rule=v.rule, borrow=v.lend, gain_s=v.gain_s, cost_s=self.k.wake_s + ret_cost))
-            if not v.lend:
-                return eff
-            deadline = v.deadline
-        else:
-            deadline, role = max(idle_until, t + 1.0), Role.MIXED
-        self._changes += 1
-        self.lent = list(devs)
-        tp = obs.shape.tp if obs.workers else self.setting.engine.tp
-        if len(devs) < tp:
-            tp = self.setting.engine.tp
-        eff.actions.append(Lend(devs, deadline))
-        # The lend was approved only if vacating takes less than the bound (`should_lend` refuses
-        # otherwise), so the devices may serve until the batch is really ready: the return starts
-        # then (TrainerNeedsDevices) and the trainer waits at most the bound.
-        eff.actions += [Start(devs[i:i + tp], role, self.k.wake_s) for i in range(0, len(devs) - tp + 1, tp)]
-        return eff
-
-    def _lend_gain(self, obs: Observation, n: int) -> tuple[float, Role]:
-        """The best role for `n` lent devices and its predicted fraction of batch time saved per lent
-        device per second it serves. Ties go to prefill: it holds no long-lived KV, so it is the
-        cheapest to vacate."""
-        cur = obs.shape
-        tp, add = cur.tp, n // cur.tp
-        if not _valid(cur):  # e.g. decode workers left without a prefill worker: nothing to predict from
-            return 0.0, Role.MIXED
-        if cur.n_prefill and self.adapt_pd:  # (mixed workers a layout still has are kept in both options)
-            options = {Role.PREFILL: replace(cur, n_prefill=cur.n_prefill + add),
-                       Role.DECODE: replace(cur, n_decode=cur.n_decode + add)}
-        else:
-            options = {Role.MIXED: LayoutShape.colocated(cur.n_workers + add, tp)}
-        preds = self._predict([cur, *options.values()])
-        base = preds[0].completion_s
-        gains = {role: (base - p.completion_s) / base for role, p in zip(options, preds[1:])}
-        role = max(gains, key=lambda r: (round(gains[r], 3), r is Role.PREFILL))
-        return max(0.0, gains[role]) / max(1, n), role
-
-    def _return(self, obs: Observation) -> Effects:
-        """Give the lent devices back: stop their workers one at a time (requests migrate token-level,
-        with KV unless the policy recomputes; each stop is priced by the load it holds then, which
-        includes requests moved onto it by the previous stops), then reclaim and re-decide.
-        `trainer_wait_s` (on the last round): how long the trainer waits for its devices."""
-        if not self.lent:
-            return Effects()
-        on_lent = obs.workers_on(self.lent)
-        if on_lent:
-            w = on_lent[0]
-            hand_off = self.base_perf.kv_transfer_time(self.k.migrate_tokens, True) if self.return_migrate else 0.0
-            self._return_wait = max(self._return_wait,
-                                    self.costs.stop_s + w.load * self.k.return_request_s + (hand_off if w.load else 0.0))
-            return Effects([Stop(w.id, migrate=self.return_migrate)], then=TrainerNeedsDevices())
-        eff = Effects([Reclaim(tuple(self.lent))], then=Redecide("borrowed devices returned"),
-                      trainer_wait_s=self._return_wait)  # the remaining layout may need a role back
-        self._changes += 1
-        self.lent, self._return_wait = [], 0.0
-        return eff
