@@ -88,6 +88,7 @@ class Controller(Lending):
         self.refit = ThroughputRefit(k.refit_alpha, k.refit_min_samples, k.refit_min_seconds)
         self.last_switch: float | None = None
         self.explored: set[LayoutShape] = set()
+        self._trial: tuple[LayoutShape, LayoutShape] | None = None  # (the shape left, the shape explored)
         self.lent: list[int] = []
         self._return_wait = 0.0
         self._preds: dict[LayoutShape, Prediction] = {}
@@ -210,12 +211,14 @@ class Controller(Lending):
         cur_s = self.refit.corrected(cur, self._predict([cur])[0].completion_s) if _valid(cur) else math.inf
         ranked = self._rank(n_devices, tps, cur)
         best_shape, best_pred = ranked[0]
-        explore = None
-        if best_shape == cur and not free:
+        mode, undo = "", self._undo(why, cur, cur_s) if not free else None
+        if undo is not None:
+            mode, (best_shape, best_pred) = "undo", undo
+        elif best_shape == cur and not free:
             explore = self._explore(obs.t, why, ranked, cur, cur_s)
             if explore is None:
                 return self._effects(obs, why, ranked, cur, cur_s, None, "keep: the current layout is the best")
-            best_shape, best_pred = explore
+            mode, (best_shape, best_pred) = "explore", explore
         plan_fn = plan_transition if self.cfg.incremental else plan_full_restart
         try:
             nodes = {d.id: d.node for d in obs.devices}
@@ -226,12 +229,12 @@ class Controller(Lending):
         except ValueError as e:
             return self._effects(obs, why, ranked, cur, cur_s, None, f"infeasible: {e}")
         window = self._window(obs, free)
-        ok, reason, gain, cost = self._gate(obs.t, why, explore is not None, cur, best_shape, best_pred, cur_s, plan,
-                                            window)
+        ok, reason, gain, cost = self._gate(obs.t, why, mode, cur, best_shape, best_pred, cur_s, plan, window)
         eff = self._effects(obs, why, ranked, cur, cur_s, plan if ok else None, reason, best_shape, best_pred, gain, cost)
         if ok:
             self.last_switch = obs.t
             self._changes += 1
+            self._trial = (cur, best_shape) if mode == "explore" else None
             eff.actions += self._plan_actions(plan)
         return eff
 
@@ -246,10 +249,19 @@ class Controller(Lending):
         return sorted(((s_, replace(p_, completion_s=self.refit.corrected(s_, p_.completion_s)))
                        for s_, p_, _, _ in sel.ranked), key=lambda x: x[1].completion_s)
 
-    def _gate(self, t: float, why: str, exploring: bool, cur: LayoutShape, best: LayoutShape, best_pred: Prediction,
+    def _gate(self, t: float, why: str, mode: str, cur: LayoutShape, best: LayoutShape, best_pred: Prediction,
               cur_s: float, plan: Plan, window: float) -> tuple[bool, str, float | None, float | None]:
-        """Whether to carry out `plan`: (ok, reason, predicted gain s, cost s)."""
-        if exploring:
+        """Whether to carry out `plan`: (ok, reason, predicted gain s, cost s). `mode`: "explore" (a
+        near-tie tried once), "undo" (back from a losing exploration: only the dwell applies) or ""."""
+        if mode == "undo":
+            since = math.inf if self.last_switch is None else t - self.last_switch
+            ok = since >= self.gate.min_dwell_s
+            reason = (f"undo: {cur} was explored and measured {cur_s:.3g} s per batch, slower than "
+                      f"{best_pred.completion_s:.3g} s on {best}, the layout it left: back to it, not explored again"
+                      if ok else f"dwell: undoing the exploration of {cur} waits, {since:.3g} s since the last "
+                                 f"switch < {self.gate.min_dwell_s:g} s")
+            return ok, reason, cur_s - best_pred.completion_s, plan.makespan_s
+        if mode == "explore":
             ok = plan.makespan_s < self.k.explore_cost_share * min(window, self.cfg.horizon_s)
             reason = (f"explore: {best} was never measured and is predicted within {self.k.explore_band:.0%} "
                       f"of {cur}; trying it costs {plan.makespan_s:.3g} s"
@@ -282,6 +294,22 @@ class Controller(Lending):
                     and pred.completion_s <= cur_s * (1 + self.k.explore_band)):
                 return shape, pred
         return None
+
+    def _undo(self, why: str, cur: LayoutShape, cur_s: float) -> tuple[LayoutShape, Prediction] | None:
+        """After an exploration: once the explored shape is measured (on a periodic tick), the shape it
+        left with its measured prediction if that is faster, to go back to; else None. The trial ends
+        when the explored shape is judged no slower, or at the controller's next switch (see `decide`)."""
+        if self._trial is None:
+            return None
+        left, tried = self._trial
+        if why != "periodic" or cur != tried or not self.refit.measured(cur):  # (e.g. devices lent meanwhile)
+            return None
+        pred = self._predict([left])[0]
+        left_s = self.refit.corrected(left, pred.completion_s)
+        if not left_s < cur_s:
+            self._trial = None  # the exploration did not lose: it stays
+            return None
+        return left, replace(pred, completion_s=left_s)
 
     def _window(self, obs: Observation, free: list[DeviceView]) -> float:
         """How long the budget's transient devices (lent or elastic, free or serving) should stay."""
