@@ -88,3 +88,47 @@ def test_an_undo_waits_for_the_dwell_and_a_winning_exploration_stays():
     _, obs = _explored(ctl, obs, slower_than_left=0.97, t=400.0)  # the explored layout won
     d = next(d for d in ctl.on_tick(obs).decisions if d.kind == "layout")
     assert d.rule != "undo" and ctl._trial is None
+
+
+def _marginally_better_candidate(ctl, obs, gain: float):
+    """Measurements that make the best-ranked other layout `gain` faster than the live one (above
+    the switching band, below a clear win); that layout."""
+    from pearl.control.lending import serves
+
+    cur = obs.shape
+    assert serves(cur)
+    n = sum(len(w.devices) for w in obs.workers)
+    best = next(s for s, _ in ctl._rank(n, ctl._tps(), cur) if s != cur)
+    p_best, p_cur = (ctl._predict([s])[0].completion_s for s in (best, cur))
+    for _ in range(ctl.refit.min_samples):  # the live one measured at (1 + gain) × the candidate's time
+        pred = ctl._predict([cur])[0]
+        ctl.refit.observe(cur, pred.tokens_per_s * 100.0 * p_cur / ((1 + gain) * p_best), 100.0, pred.tokens_per_s)
+    _measure(ctl, best, 1.0)  # (measured last: the layouts never measured borrow its ratio, 1)
+    ctl._mark = None
+    return best
+
+
+def test_a_return_of_lent_devices_does_not_switch_on_a_marginal_gain_at_once():
+    from dataclasses import replace
+
+    from pearl.control.lending import RETURNED
+    from pearl.control.observation import Redecide
+    from pearl.types import LayoutShape
+
+    ctl, obs = _controller_at_start()
+    k = ctl.k
+    gain = (1 + 2 * k.hysteresis) - 1  # twice the band: a switch, but not a clear one (< clear × band)
+    assert 2 * k.hysteresis < k.clear * k.hysteresis
+    best = _marginally_better_candidate(ctl, obs, gain)
+    obs = replace(obs, t=300.0)
+    d = next(d for d in ctl.on_event(Redecide(RETURNED), obs).decisions if d.kind == "layout")
+    assert not d.switch and d.rule == "confirm", d.reason  # the streak gate, as on a periodic tick
+    # A budget that really changed (an elastic device gone) is a fact, not noise: switched at once.
+    d = next(d for d in ctl.on_event(Redecide("1 elastic devices gone"), obs).decisions if d.kind == "layout")
+    assert d.switch and d.rule == "switch" and d.chosen == str(best), d.reason
+    # So is a return that leaves a layout that cannot serve (decode workers, no prefill worker).
+    ctl, obs = _controller_at_start()
+    _marginally_better_candidate(ctl, obs, gain)
+    broken = replace(obs, t=300.0, shape=LayoutShape.disaggregated(0, obs.shape.n_workers, obs.shape.tp))
+    d = next(d for d in ctl.on_event(Redecide(RETURNED), broken).decisions if d.kind == "layout")
+    assert d.switch and d.rule == "switch", d.reason

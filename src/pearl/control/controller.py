@@ -24,7 +24,7 @@ from typing import Callable
 from pearl.config import EngineConfig, PolicyConfig
 from pearl.control.borrowing import BorrowPlanner
 from pearl.control.estimate import LifetimeEstimator, WorkloadEstimator
-from pearl.control.lending import Lending, next_batch_at
+from pearl.control.lending import RETURNED, Lending, next_batch_at
 from pearl.control.lending import serves as _valid
 from pearl.control.observation import (Decision, DeviceObs, DevicesAdded, DevicesRemoved, Effects, Event, Flip,
                                        Notice, Observation, Redecide, Start, Stop, TrainerIdle, TrainerNeedsDevices)
@@ -274,7 +274,9 @@ class Controller(Lending):
         # Gain over the work the window holds (several batches), against a one-off transition.
         horizon = min(window, self.cfg.horizon_s)
         cand_h = horizon * best_pred.completion_s / cur_s + plan.makespan_s if math.isfinite(cur_s) else 0.0
-        if why == "periodic":  # a re-estimate: demand a streak, so noise cannot flap the layout
+        # A re-estimate, or lent devices back (the layout before the lend, unless what is left cannot
+        # serve): demand a streak, so noise cannot flap the layout at every training step.
+        if why == "periodic" or (why == RETURNED and _valid(cur)):
             v = self.gate.decide(t, horizon, cand_h, plan.makespan_s, window, self.last_switch, candidate=best)
         else:  # the budget itself changed (devices came or go): a fact, not noise
             # a pure scale-out (only starts) disturbs no running worker: no hysteresis band needed
