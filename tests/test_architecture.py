@@ -32,7 +32,7 @@ LAYERS: list[tuple[str, list[str]]] = [
                      "pearl.workloads", "pearl.control.state", "pearl.control.staleness"]),
     # pearl.engine (the package __init__) sits with its highest module, the emulated engine.
     ("engines", ["pearl.engine", "pearl.engine.emulated", "pearl.real.*"]),
-    ("control", ["pearl.control.*"]),  # predictor, selector, planner, switching, borrowing, refit, ...
+    ("control", ["pearl.control.*"]),  # predictor, selector, planner, switching, borrowing, lending, refit, ...
     ("rl", ["pearl.rl.*", "pearl.envs.*"]),
     ("runtimes", ["pearl.runtime.*", "pearl.report", "pearl.compare_plots"]),  # pearl.report reads the runtimes' files (trace.py)
     ("cli", ["pearl.cli", "pearl"]),  # "pearl" is the top package's __init__

@@ -10,8 +10,9 @@ One decision (`decide`): the budget (live workers + usable free devices) → pre
 in-flight pipeline batch per candidate shape (`control.predictor`), corrected by what each shape was
 measured to deliver (`control.refit`) → the best shape (`control.selector`) → the smallest
 make-before-break plan (`control.planner`) → the cost-aware gate (`control.switching`) → actions.
-Borrowing (`on_event(TrainerIdle)`) asks `control.borrowing` whether lending the trainer's devices
-pays, and `TrainerNeedsDevices` hands them back. The baselines are configurations of this class
+Borrowing (`control.lending`: on `TrainerIdle`, and on a tick while the trainer waits for its batch
+with nothing lent, e.g. before the first batch) asks `control.borrowing` whether lending the trainer's
+devices pays, and `TrainerNeedsDevices` hands them back. The baselines are configurations of this class
 (`pearl.control.policies`).
 """
 from __future__ import annotations
@@ -23,9 +24,10 @@ from typing import Callable
 from pearl.config import EngineConfig, PolicyConfig
 from pearl.control.borrowing import BorrowPlanner
 from pearl.control.estimate import LifetimeEstimator, WorkloadEstimator
+from pearl.control.lending import RETURNED, Lending, next_batch_at
+from pearl.control.lending import serves as _valid
 from pearl.control.observation import (Decision, DeviceObs, DevicesAdded, DevicesRemoved, Effects, Event, Flip,
-                                       Lend, Notice, Observation, Reclaim, Redecide, Start, Stop, TrainerIdle,
-                                       TrainerNeedsDevices)
+                                       Notice, Observation, Redecide, Start, Stop, TrainerIdle, TrainerNeedsDevices)
 from pearl.control.planner import (DeviceView, Plan, StepKind, TransitionCosts, WorkerView, plan_full_restart,
                                    plan_transition)
 from pearl.control.predictor import BatchState, Prediction, WorkloadStats, predict_many, prepare
@@ -34,7 +36,7 @@ from pearl.control.selector import select
 from pearl.control.switching import SwitchGate
 from pearl.errors import ResourceError
 from pearl.perf.roofline import PerfModel
-from pearl.types import DeviceStatus, LayoutShape, Mode, Pool, Role, WorkerPhase
+from pearl.types import DeviceStatus, LayoutShape, Pool, WorkerPhase
 
 __all__ = ["ControlSetting", "Controller"]
 
@@ -56,12 +58,7 @@ class ControlSetting:
     cold_start_s: float = 0.0  # a worker's first start on an elastic device (process, weight pull, warm-up)
 
 
-def _valid(shape: LayoutShape) -> bool:
-    return shape.n_workers > 0 and (shape.n_mixed + shape.n_decode) > 0 and \
-        (shape.mode is Mode.COLOCATED or (shape.n_prefill > 0 and shape.n_decode > 0))  # (P + mixed: transient)
-
-
-class Controller:
+class Controller(Lending):
     """PEARL (see the module docstring). Subclasses in `pearl.control.policies` switch mechanisms off."""
 
     name = "pearl"
@@ -91,6 +88,7 @@ class Controller:
         self.refit = ThroughputRefit(k.refit_alpha, k.refit_min_samples, k.refit_min_seconds)
         self.last_switch: float | None = None
         self.explored: set[LayoutShape] = set()
+        self._trial: tuple[LayoutShape, LayoutShape] | None = None  # (the shape left, the shape explored)
         self.lent: list[int] = []
         self._return_wait = 0.0
         self._preds: dict[LayoutShape, Prediction] = {}
@@ -108,6 +106,10 @@ class Controller:
         self._estimate(obs)
         self._measure(obs)
         eff = self.decide(obs, "periodic")
+        if not any(d.switch for d in eff.decisions):  # (a new layout first: lend on the next tick)
+            lend = self._lend(obs, "periodic: trainer idle, nothing lent")  # e.g. before the first batch
+            eff.actions += lend.actions
+            eff.decisions += lend.decisions
         eff.next_tick_t = obs.t + self.cfg.decision_interval_s
         return eff
 
@@ -209,12 +211,14 @@ class Controller:
         cur_s = self.refit.corrected(cur, self._predict([cur])[0].completion_s) if _valid(cur) else math.inf
         ranked = self._rank(n_devices, tps, cur)
         best_shape, best_pred = ranked[0]
-        explore = None
-        if best_shape == cur and not free:
+        mode, undo = "", self._undo(why, cur, cur_s) if not free else None
+        if undo is not None:
+            mode, (best_shape, best_pred) = "undo", undo
+        elif best_shape == cur and not free:
             explore = self._explore(obs.t, why, ranked, cur, cur_s)
             if explore is None:
                 return self._effects(obs, why, ranked, cur, cur_s, None, "keep: the current layout is the best")
-            best_shape, best_pred = explore
+            mode, (best_shape, best_pred) = "explore", explore
         plan_fn = plan_transition if self.cfg.incremental else plan_full_restart
         try:
             nodes = {d.id: d.node for d in obs.devices}
@@ -225,12 +229,12 @@ class Controller:
         except ValueError as e:
             return self._effects(obs, why, ranked, cur, cur_s, None, f"infeasible: {e}")
         window = self._window(obs, free)
-        ok, reason, gain, cost = self._gate(obs.t, why, explore is not None, cur, best_shape, best_pred, cur_s, plan,
-                                            window)
+        ok, reason, gain, cost = self._gate(obs.t, why, mode, cur, best_shape, best_pred, cur_s, plan, window)
         eff = self._effects(obs, why, ranked, cur, cur_s, plan if ok else None, reason, best_shape, best_pred, gain, cost)
         if ok:
             self.last_switch = obs.t
             self._changes += 1
+            self._trial = (cur, best_shape) if mode == "explore" else None
             eff.actions += self._plan_actions(plan)
         return eff
 
@@ -245,10 +249,19 @@ class Controller:
         return sorted(((s_, replace(p_, completion_s=self.refit.corrected(s_, p_.completion_s)))
                        for s_, p_, _, _ in sel.ranked), key=lambda x: x[1].completion_s)
 
-    def _gate(self, t: float, why: str, exploring: bool, cur: LayoutShape, best: LayoutShape, best_pred: Prediction,
+    def _gate(self, t: float, why: str, mode: str, cur: LayoutShape, best: LayoutShape, best_pred: Prediction,
               cur_s: float, plan: Plan, window: float) -> tuple[bool, str, float | None, float | None]:
-        """Whether to carry out `plan`: (ok, reason, predicted gain s, cost s)."""
-        if exploring:
+        """Whether to carry out `plan`: (ok, reason, predicted gain s, cost s). `mode`: "explore" (a
+        near-tie tried once), "undo" (back from a losing exploration: only the dwell applies) or ""."""
+        if mode == "undo":
+            since = math.inf if self.last_switch is None else t - self.last_switch
+            ok = since >= self.gate.min_dwell_s
+            reason = (f"undo: {cur} was explored and measured {cur_s:.3g} s per batch, slower than "
+                      f"{best_pred.completion_s:.3g} s on {best}, the layout it left: back to it, not explored again"
+                      if ok else f"dwell: undoing the exploration of {cur} waits, {since:.3g} s since the last "
+                                 f"switch < {self.gate.min_dwell_s:g} s")
+            return ok, reason, cur_s - best_pred.completion_s, plan.makespan_s
+        if mode == "explore":
             ok = plan.makespan_s < self.k.explore_cost_share * min(window, self.cfg.horizon_s)
             reason = (f"explore: {best} was never measured and is predicted within {self.k.explore_band:.0%} "
                       f"of {cur}; trying it costs {plan.makespan_s:.3g} s"
@@ -261,7 +274,9 @@ class Controller:
         # Gain over the work the window holds (several batches), against a one-off transition.
         horizon = min(window, self.cfg.horizon_s)
         cand_h = horizon * best_pred.completion_s / cur_s + plan.makespan_s if math.isfinite(cur_s) else 0.0
-        if why == "periodic":  # a re-estimate: demand a streak, so noise cannot flap the layout
+        # A re-estimate, or lent devices back (the layout before the lend, unless what is left cannot
+        # serve): demand a streak, so noise cannot flap the layout at every training step.
+        if why == "periodic" or (why == RETURNED and _valid(cur)):
             v = self.gate.decide(t, horizon, cand_h, plan.makespan_s, window, self.last_switch, candidate=best)
         else:  # the budget itself changed (devices came or go): a fact, not noise
             # a pure scale-out (only starts) disturbs no running worker: no hysteresis band needed
@@ -282,14 +297,30 @@ class Controller:
                 return shape, pred
         return None
 
+    def _undo(self, why: str, cur: LayoutShape, cur_s: float) -> tuple[LayoutShape, Prediction] | None:
+        """After an exploration: once the explored shape is measured (on a periodic tick), the shape it
+        left with its measured prediction if that is faster, to go back to; else None. The trial ends
+        when the explored shape is judged no slower, or at the controller's next switch (see `decide`)."""
+        if self._trial is None:
+            return None
+        left, tried = self._trial
+        if why != "periodic" or cur != tried or not self.refit.measured(cur):  # (e.g. devices lent meanwhile)
+            return None
+        pred = self._predict([left])[0]
+        left_s = self.refit.corrected(left, pred.completion_s)
+        if not left_s < cur_s:
+            self._trial = None  # the exploration did not lose: it stays
+            return None
+        return left, replace(pred, completion_s=left_s)
+
     def _window(self, obs: Observation, free: list[DeviceView]) -> float:
         """How long the budget's transient devices (lent or elastic, free or serving) should stay."""
         by_id = {d.id: d for d in obs.devices}
         devs: list[DeviceObs] = [by_id[d.id] for d in free] + [by_id[d] for w in obs.workers for d in w.devices]
         w = math.inf
         for d in devs:
-            if d.pool is Pool.TRAIN and d.lease_deadline is not None:
-                w = min(w, d.lease_deadline - obs.t)
+            if d.pool is Pool.TRAIN and d.lease_deadline is not None:  # (the first batch: its estimate grows)
+                w = min(w, max(d.lease_deadline, next_batch_at(obs.trainer, obs.t)[0]) - obs.t)
             elif d.pool is Pool.ELASTIC:  # expected stay: the lifetimes observed so far, or until the notice
                 w = min(w, (d.notice_at - obs.t) if d.notice_at is not None
                         else self.lifetimes.expected_stay_s(obs.t))
@@ -325,76 +356,3 @@ class Controller:
             elif s.kind is StepKind.STOP:
                 out.append(Stop(s.worker, migrate=True, delay_s=begin))
         return out
-
-    # ------------------------------------------------------------------ borrowing
-    def _lend(self, obs: Observation) -> Effects:
-        tr = obs.trainer
-        if not self.cfg.borrow or tr.groups_ready >= tr.groups_needed:
-            return Effects()
-        ready = tr.batch_ready_t if len(tr.batch_ready_t) > 1 else (0.0, *tr.batch_ready_t)  # 0: the run's start
-        gaps = [b - a for a, b in zip(ready, ready[1:])][-3:]
-        if not gaps:
-            return Effects()
-        t, idle_until = obs.t, ready[-1] + sum(gaps) / len(gaps)  # the next batch: as far as the last ones
-        devs, eff = tuple(tr.devices), Effects()
-        if self.cost_model:
-            gain, role = self._lend_gain(obs, len(devs))
-            ret_cost = self.costs.stop_s + self.costs.migrate_request_s * self.k.return_requests
-            v = self.borrower.should_lend(t, idle_until, len(devs), gain, self.k.wake_s, ret_cost)
-            eff.decisions.append(Decision(t=t, trigger="trainer idle", kind="borrow", switch=False, reason=v.reason,
-                                          rule=v.rule, borrow=v.lend, gain_s=v.gain_s, cost_s=self.k.wake_s + ret_cost))
-            if not v.lend:
-                return eff
-            deadline = v.deadline
-        else:
-            deadline, role = max(idle_until, t + 1.0), Role.MIXED
-        self._changes += 1
-        self.lent = list(devs)
-        tp = obs.shape.tp if obs.workers else self.setting.engine.tp
-        if len(devs) < tp:
-            tp = self.setting.engine.tp
-        eff.actions.append(Lend(devs, deadline))
-        # The lend was approved only if vacating takes less than the bound (`should_lend` refuses
-        # otherwise), so the devices may serve until the batch is really ready: the return starts
-        # then (TrainerNeedsDevices) and the trainer waits at most the bound.
-        eff.actions += [Start(devs[i:i + tp], role, self.k.wake_s) for i in range(0, len(devs) - tp + 1, tp)]
-        return eff
-
-    def _lend_gain(self, obs: Observation, n: int) -> tuple[float, Role]:
-        """The best role for `n` lent devices and its predicted fraction of batch time saved per lent
-        device per second it serves. Ties go to prefill: it holds no long-lived KV, so it is the
-        cheapest to vacate."""
-        cur = obs.shape
-        tp, add = cur.tp, n // cur.tp
-        if not _valid(cur):  # e.g. decode workers left without a prefill worker: nothing to predict from
-            return 0.0, Role.MIXED
-        if cur.n_prefill and self.adapt_pd:  # (mixed workers a layout still has are kept in both options)
-            options = {Role.PREFILL: replace(cur, n_prefill=cur.n_prefill + add),
-                       Role.DECODE: replace(cur, n_decode=cur.n_decode + add)}
-        else:
-            options = {Role.MIXED: LayoutShape.colocated(cur.n_workers + add, tp)}
-        preds = self._predict([cur, *options.values()])
-        base = preds[0].completion_s
-        gains = {role: (base - p.completion_s) / base for role, p in zip(options, preds[1:])}
-        role = max(gains, key=lambda r: (round(gains[r], 3), r is Role.PREFILL))
-        return max(0.0, gains[role]) / max(1, n), role
-
-    def _return(self, obs: Observation) -> Effects:
-        """Give the lent devices back: stop their workers one at a time (requests migrate token-level,
-        with KV unless the policy recomputes; each stop is priced by the load it holds then, which
-        includes requests moved onto it by the previous stops), then reclaim and re-decide.
-        `trainer_wait_s` (on the last round): how long the trainer waits for its devices."""
-        if not self.lent:
-            return Effects()
-        on_lent = obs.workers_on(self.lent)
-        if on_lent:
-            w = on_lent[0]
-            hand_off = self.base_perf.kv_transfer_time(self.k.migrate_tokens, True) if self.return_migrate else 0.0
-            self._return_wait = max(self._return_wait,
-                                    self.costs.stop_s + w.load * self.k.return_request_s + (hand_off if w.load else 0.0))
-            return Effects([Stop(w.id, migrate=self.return_migrate)], then=TrainerNeedsDevices())
-        eff = Effects([Reclaim(tuple(self.lent))], then=Redecide("borrowed devices returned"),
-                      trainer_wait_s=self._return_wait)  # the remaining layout may need a role back
-        self._changes += 1
-        self.lent, self._return_wait = [], 0.0
-        return eff

@@ -1,0 +1,147 @@
+"""Lending the trainer's idle devices to rollout and handing them back: the controller's side of borrowing.
+
+`Lending` is a mixin of `pearl.control.controller.Controller` (it uses the controller's policy, costs,
+predictions and bookkeeping):
+
+- `_lend` (on `TrainerIdle`, and on a periodic tick while the trainer idles with nothing lent):
+  estimate when the next batch is ready (`next_batch_at`), ask `control.borrowing` whether lending
+  the trainer's devices until then pays (a policy without a cost model lends at once), then lend
+  them and start workers on them in the role that gains most (`_lend_gain`);
+- `_return` (on `TrainerNeedsDevices`): stop the lent workers one at a time (their requests migrate),
+  then reclaim the devices and re-decide the remaining layout.
+
+Before the first batch there is no batch interval to go by: the first batch is assumed to be ready
+as long after the run's start again as has passed (at 2·t). The estimate is crude on purpose: a
+batch that comes early is covered by the return path (the devices come back at once, and
+`BorrowPlanner.should_lend` refuses a lend whose immediate return would exceed the bound), and one
+that comes late just leaves the devices serving rollout longer.
+
+What it must not do: any I/O, own time (the observation carries it), or import a runtime.
+"""
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+from pearl.control.observation import (Decision, Effects, Lend, Observation, Reclaim, Redecide, Start, Stop,
+                                       TrainerNeedsDevices, TrainerObs)
+from pearl.types import LayoutShape, Mode, Role
+
+__all__ = ["RETURNED", "Lending", "next_batch_at", "serves", "trainer_idles"]
+
+RETURNED = "borrowed devices returned"  # the trigger of the re-decision after a return
+
+
+def serves(shape: LayoutShape) -> bool:
+    """Whether a layout can serve a turn end to end (a disaggregated one needs both roles; prefill +
+    mixed is a transient the planner passes through)."""
+    return shape.n_workers > 0 and (shape.n_mixed + shape.n_decode) > 0 and \
+        (shape.mode is Mode.COLOCATED or (shape.n_prefill > 0 and shape.n_decode > 0))
+
+
+def next_batch_at(tr: TrainerObs, t: float) -> tuple[float, str]:
+    """When the trainer's next batch is expected ready, and how that was estimated: as far after the
+    last batch as the last (up to three) batches were apart (the run's start counts as a batch at
+    0); before any batch, at 2·t (as long again as the run has taken so far)."""
+    if not tr.batch_ready_t:
+        return 2.0 * t, "no batch yet: the first assumed ready at 2·t"
+    ready = tr.batch_ready_t if len(tr.batch_ready_t) > 1 else (0.0, *tr.batch_ready_t)  # 0: the run's start
+    gaps = [b - a for a, b in zip(ready, ready[1:])][-3:]
+    return ready[-1] + sum(gaps) / len(gaps), f"the last {len(gaps)} batch interval(s)"
+
+
+def trainer_idles(tr: TrainerObs) -> bool:
+    """Whether the trainer waits for its next batch (not training, the batch not complete)."""
+    return not tr.busy and tr.groups_ready < tr.groups_needed
+
+
+class Lending:
+    """The lend and return half of the controller (see the module docstring)."""
+
+    cfg: Any
+    k: Any
+    setting: Any
+    costs: Any
+    borrower: Any
+    base_perf: Any
+    cost_model: bool
+    return_migrate: bool
+    adapt_pd: bool
+    lent: list[int]
+    _return_wait: float
+    _changes: int
+
+    def _predict(self, shapes: list[LayoutShape]) -> list:  # the controller's
+        raise NotImplementedError
+
+    def _lend(self, obs: Observation, trigger: str = "trainer idle") -> Effects:
+        """Lend the trainer's devices until its next batch is expected ready, if that pays (with a
+        cost model; else always), and start workers on them."""
+        tr = obs.trainer
+        if not self.cfg.borrow or self.lent or not trainer_idles(tr):
+            return Effects()
+        t = obs.t
+        idle_until, how = next_batch_at(tr, t)
+        devs, eff = tuple(tr.devices), Effects()
+        if self.cost_model:
+            gain, role = self._lend_gain(obs, len(devs))
+            ret_cost = self.costs.stop_s + self.costs.migrate_request_s * self.k.return_requests
+            v = self.borrower.should_lend(t, idle_until, len(devs), gain, self.k.wake_s, ret_cost)
+            eff.decisions.append(Decision(t=t, trigger=trigger, kind="borrow", switch=False,
+                                          reason=f"{v.reason} (next batch at {idle_until:.6g}: {how})",
+                                          rule=v.rule, borrow=v.lend, gain_s=v.gain_s, cost_s=self.k.wake_s + ret_cost))
+            if not v.lend:
+                return eff
+            deadline = v.deadline
+        else:
+            deadline, role = max(idle_until, t + 1.0), Role.MIXED
+        self._changes += 1
+        self.lent = list(devs)
+        tp = obs.shape.tp if obs.workers else self.setting.engine.tp
+        if len(devs) < tp:
+            tp = self.setting.engine.tp
+        eff.actions.append(Lend(devs, deadline))
+        # The lend was approved only if vacating takes less than the bound (`should_lend` refuses
+        # otherwise), so the devices may serve until the batch is really ready: the return starts
+        # then (TrainerNeedsDevices) and the trainer waits at most the bound.
+        eff.actions += [Start(devs[i:i + tp], role, self.k.wake_s) for i in range(0, len(devs) - tp + 1, tp)]
+        return eff
+
+    def _lend_gain(self, obs: Observation, n: int) -> tuple[float, Role]:
+        """The best role for `n` lent devices and its predicted fraction of batch time saved per lent
+        device per second it serves. Ties go to prefill: it holds no long-lived KV, so it is the
+        cheapest to vacate."""
+        cur = obs.shape
+        tp, add = cur.tp, n // cur.tp
+        if not serves(cur):  # e.g. decode workers left without a prefill worker: nothing to predict from
+            return 0.0, Role.MIXED
+        if cur.n_prefill and self.adapt_pd:  # (mixed workers a layout still has are kept in both options)
+            options = {Role.PREFILL: replace(cur, n_prefill=cur.n_prefill + add),
+                       Role.DECODE: replace(cur, n_decode=cur.n_decode + add)}
+        else:
+            options = {Role.MIXED: LayoutShape.colocated(cur.n_workers + add, tp)}
+        preds = self._predict([cur, *options.values()])
+        base = preds[0].completion_s
+        gains = {role: (base - p.completion_s) / base for role, p in zip(options, preds[1:])}
+        role = max(gains, key=lambda r: (round(gains[r], 3), r is Role.PREFILL))
+        return max(0.0, gains[role]) / max(1, n), role
+
+    def _return(self, obs: Observation) -> Effects:
+        """Give the lent devices back: stop their workers one at a time (requests migrate token-level,
+        with KV unless the policy recomputes; each stop is priced by the load it holds then, which
+        includes requests moved onto it by the previous stops), then reclaim and re-decide.
+        `trainer_wait_s` (on the last round): how long the trainer waits for its devices."""
+        if not self.lent:
+            return Effects()
+        on_lent = obs.workers_on(self.lent)
+        if on_lent:
+            w = on_lent[0]
+            hand_off = self.base_perf.kv_transfer_time(self.k.migrate_tokens, True) if self.return_migrate else 0.0
+            self._return_wait = max(self._return_wait,
+                                    self.costs.stop_s + w.load * self.k.return_request_s + (hand_off if w.load else 0.0))
+            return Effects([Stop(w.id, migrate=self.return_migrate)], then=TrainerNeedsDevices())
+        eff = Effects([Reclaim(tuple(self.lent))], then=Redecide(RETURNED),
+                      trainer_wait_s=self._return_wait)  # the remaining layout may need a role back
+        self._changes += 1
+        self.lent, self._return_wait = [], 0.0
+        return eff
