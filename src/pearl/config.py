@@ -227,9 +227,11 @@ class ControllerConfig(Frozen):
     # estimate of vacating the devices can be off, proportionally and not).
     lend_safety_s: float = Field(default=0.25, ge=0, le=MAX_DURATION_S)
     lend_safety_share: float = Field(default=0.2, ge=0, le=1e6)
-    # Measured throughput corrects predictions (`control.refit`): a sample's EMA weight, samples
-    # before a shape counts as measured, shortest interval that counts (the estimator: `estimate`).
-    refit_alpha: float = Field(default=0.3, gt=0, le=1)
+    # Measured throughput corrects predictions (`control.refit`): a shape counts as measured after
+    # `refit_span_batches` predicted batch periods and `refit_min_samples` intervals; older intervals
+    # fade with a half-life of `refit_half_life_batches` periods; shortest interval that counts.
+    refit_span_batches: float = Field(default=1.0, ge=0, le=1e6)
+    refit_half_life_batches: float = Field(default=2.0, gt=0, le=1e6)
     refit_min_samples: int = Field(default=2, ge=1, le=1_000_000)
     refit_min_seconds: float = Field(default=1.0, ge=0, le=MAX_DURATION_S)
     # Expected stay of an elastic device without a notice before any lifetime was observed (prior).

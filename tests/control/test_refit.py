@@ -5,7 +5,7 @@ from pearl.control.refit import ThroughputRefit
 
 
 def test_unknown_shapes_use_the_latest_measurement_and_known_ones_their_own():
-    r = ThroughputRefit(alpha=0.5, min_samples=2)
+    r = ThroughputRefit(min_samples=2)
     assert r.factor("A") == 1.0  # nothing measured yet
     r.observe("A", tokens=500, seconds=10, predicted_tokens_per_s=100)  # half the predicted speed
     assert r.factor("B") == pytest.approx(0.5)  # B borrows A's ratio: the common error
@@ -19,7 +19,7 @@ def test_unknown_shapes_use_the_latest_measurement_and_known_ones_their_own():
 
 
 def test_a_wrong_prediction_is_overridden_after_measuring_it():
-    r = ThroughputRefit(alpha=1.0, min_samples=1)
+    r = ThroughputRefit(min_samples=1)
     pred = {"colocated": 3000.0, "1P:7D": 1700.0}  # the model favours 1P:7D ...
     r.observe("colocated", 1000, 10, predicted_tokens_per_s=100)  # colocated: as predicted
     r.observe("1P:7D", 440, 10, predicted_tokens_per_s=100)  # ... which really runs 2.3x slower
@@ -33,4 +33,30 @@ def test_short_or_empty_intervals_are_ignored():
     r.observe("A", 0, 10, 100)
     assert r.ratios == {}
     with pytest.raises(ValueError):
-        ThroughputRefit(alpha=0)
+        ThroughputRefit(min_samples=0)
+
+
+def test_a_ratio_is_of_the_sums_so_one_swing_in_a_batch_cycle_does_not_decide():
+    r = ThroughputRefit(min_samples=2)
+    # a batch cycle: a slow interval (the prompts of a new batch), then two fast ones; 100 predicted
+    for tokens in (300, 1500, 1500):
+        r.observe("A", tokens, 10, predicted_tokens_per_s=100)
+    assert r.factor("A") == pytest.approx(3300 / 3000)  # not the mean of 0.3, 1.5, 1.5 weighted to the last
+
+
+def test_a_shape_counts_as_measured_only_after_its_span():
+    r = ThroughputRefit(min_samples=2)
+    r.span_s = 60.0  # the caller's batch period
+    r.observe("A", 1000, 10, 100)
+    r.observe("B", 2000, 30, 100)
+    r.observe("B", 2000, 20, 100)
+    assert not r.measured("B") and r.factor("B") == pytest.approx(r.factor("A"))  # the latest: B's so far
+    r.observe("B", 1000, 10, 100)
+    assert r.measured("B") and r.factor("B") == pytest.approx(5000 / 6000)
+
+
+def test_old_intervals_fade_with_the_half_life():
+    r = ThroughputRefit(min_samples=1, half_life_s=10.0)
+    r.observe("A", 2000, 10, 100)  # 2x
+    r.observe("A", 500, 10, 100)  # 0.5x: the older one now weighs half
+    assert r.factor("A") == pytest.approx((1000 + 500) / (500 + 1000))

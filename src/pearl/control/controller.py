@@ -85,7 +85,7 @@ class Controller(Lending):
         self.workload = WorkloadEstimator(k.estimate, setting.stats)
         self.lifetimes = LifetimeEstimator(k.elastic_stay_s, k.estimate.lifetime_prior_weight)
         self.reps = prepare(self.workload.stats, self.batch, k.predict_reps, k.predict_events)
-        self.refit = ThroughputRefit(k.refit_alpha, k.refit_min_samples, k.refit_min_seconds)
+        self.refit = ThroughputRefit(k.refit_min_samples, k.refit_min_seconds)
         self.last_switch: float | None = None
         self.explored: set[LayoutShape] = set()
         self._trial: tuple[LayoutShape, LayoutShape] | None = None  # (the shape left, the shape explored)
@@ -196,7 +196,11 @@ class Controller(Lending):
             self._max_active = max(self._max_active, avg)
             full = avg >= self.k.full_pipeline_share * self._max_active
         if m is not None and full and m[1] == shape and m[3] == self._changes and _valid(shape):
-            self.refit.observe(shape, tokens - m[2], t - m[0], self._predict([shape])[0].tokens_per_s)
+            pred = self._predict([shape])[0]
+            period = pred.completion_s / (self.setting.staleness + 1)  # one batch's share of the pipeline
+            self.refit.span_s = self.k.refit_span_batches * period
+            self.refit.half_life_s = self.k.refit_half_life_batches * period
+            self.refit.observe(shape, tokens - m[2], t - m[0], pred.tokens_per_s)
         self._mark = (t, shape, tokens, self._changes, full, obs.active_integral)
 
     # ------------------------------------------------------------------ deciding

@@ -1,30 +1,44 @@
 """Online refit of layout predictions from measured throughput.
 
 The batch predictor is a model; the running system is the truth. While a layout shape serves
-unchanged between two controller ticks, the tokens it generated per second are compared with what the
-predictor said it would generate: the ratio (an EMA per shape) corrects that shape's predictions from
-then on. A shape never measured borrows the ratio of the shape measured most recently (the workload's
-and demand's share of the error is common to all shapes; only the layout's own share differs), so a
-wrong prediction costs at most one exploratory switch before the measurement overrides it.
+unchanged between two controller ticks, the tokens it generated are compared with the tokens the
+predictor said it would generate in that time. A shape's correction is the ratio of the two *sums*
+over its measured intervals (older intervals fade with a half-life), not an average of per-interval
+ratios: throughput swings within a batch's cycle (the prompts of a new batch, a long turn's tail),
+so one 30-second interval says little, and a shape whose correction rests on one or two of them
+flaps the layout. A shape counts as measured once it has served `span_s` seconds (the controller
+sets it to one predicted batch period, so the swings of a cycle average out) in at least
+`min_samples` intervals. A shape not (yet) measured borrows the ratio of the shape measured most
+recently (the workload's and demand's share of the error is common to all shapes; only the layout's
+own share differs), so a wrong prediction costs at most one exploratory switch before the
+measurement overrides it.
 Pure: no clocks, no I/O.
 """
 from __future__ import annotations
 
+import math
 from collections.abc import Hashable
 from dataclasses import dataclass
 
 
 @dataclass
 class _Ratio:
-    value: float
+    tokens: float  # measured tokens (faded)
+    predicted: float  # tokens the predictor expected in the same intervals (faded alike)
+    seconds: float  # measured seconds, not faded (for `measured`)
     samples: int
+
+    @property
+    def value(self) -> float:
+        return self.tokens / self.predicted
 
 
 class ThroughputRefit:
-    def __init__(self, alpha: float = 0.3, min_samples: int = 2, min_seconds: float = 1.0):
-        if not 0 < alpha <= 1 or min_samples < 1:
-            raise ValueError(f"alpha must be in (0, 1] and min_samples >= 1 (got {alpha}, {min_samples})")
-        self.alpha, self.min_samples, self.min_seconds = alpha, min_samples, min_seconds
+    def __init__(self, min_samples: int = 2, min_seconds: float = 1.0, half_life_s: float = math.inf):
+        if min_samples < 1 or not half_life_s > 0:
+            raise ValueError(f"min_samples must be >= 1 and half_life_s > 0 (got {min_samples}, {half_life_s})")
+        self.min_samples, self.min_seconds, self.half_life_s = min_samples, min_seconds, half_life_s
+        self.span_s = 0.0  # seconds of measurement before a shape counts as measured (set by the caller)
         self.ratios: dict[Hashable, _Ratio] = {}
         self.last: Hashable | None = None
 
@@ -32,12 +46,14 @@ class ThroughputRefit:
         """`shape` generated `tokens` in `seconds` where the predictor expected `predicted_tokens_per_s`."""
         if seconds < self.min_seconds or predicted_tokens_per_s <= 0 or tokens <= 0:
             return
-        ratio = (tokens / seconds) / predicted_tokens_per_s
         r = self.ratios.get(shape)
         if r is None:
-            self.ratios[shape] = _Ratio(ratio, 1)
+            self.ratios[shape] = _Ratio(tokens, predicted_tokens_per_s * seconds, seconds, 1)
         else:
-            r.value += self.alpha * (ratio - r.value)
+            fade = 0.5 ** (seconds / self.half_life_s)
+            r.tokens = r.tokens * fade + tokens
+            r.predicted = r.predicted * fade + predicted_tokens_per_s * seconds
+            r.seconds += seconds
             r.samples += 1
         self.last = shape
 
@@ -46,17 +62,16 @@ class ThroughputRefit:
         stays, so its ratio to the prediction is multiplied by old / new predicted throughput."""
         r = self.ratios.get(shape)
         if r is not None and factor > 0:
-            r.value *= factor
+            r.tokens *= factor
 
     def measured(self, shape: Hashable) -> bool:
         r = self.ratios.get(shape)
-        return r is not None and r.samples >= self.min_samples
+        return r is not None and r.samples >= self.min_samples and r.seconds >= self.span_s
 
     def factor(self, shape: Hashable) -> float:
         """Measured / predicted throughput for `shape` (1.0 while nothing is known)."""
-        r = self.ratios.get(shape)
-        if r is not None and r.samples >= self.min_samples:
-            return r.value
+        if self.measured(shape):
+            return self.ratios[shape].value
         last = self.ratios.get(self.last) if self.last is not None else None
         return last.value if last is not None else 1.0
 
