@@ -8,10 +8,11 @@ def test_unknown_shapes_use_the_latest_measurement_and_known_ones_their_own():
     r = ThroughputRefit(min_samples=2)
     assert r.factor("A") == 1.0  # nothing measured yet
     r.observe("A", tokens=500, seconds=10, predicted_tokens_per_s=100)  # half the predicted speed
-    assert r.factor("B") == pytest.approx(0.5)  # B borrows A's ratio: the common error
-    assert r.factor("A") == pytest.approx(0.5)  # one sample: A falls back to the latest too
+    assert r.factor("A") == 1.0  # one sample is not a measurement yet
     r.observe("A", tokens=500, seconds=10, predicted_tokens_per_s=100)
+    assert r.factor("B") == pytest.approx(0.5)  # B borrows A's ratio: the common error
     r.observe("B", tokens=2000, seconds=10, predicted_tokens_per_s=100)
+    assert r.factor("B") == pytest.approx(0.5)  # B's first interval alone does not count
     r.observe("B", tokens=2000, seconds=10, predicted_tokens_per_s=100)
     assert r.factor("B") == pytest.approx(2.0) and r.factor("A") == pytest.approx(0.5)
     # a shape measured twice as fast as predicted is predicted to finish in half the time
@@ -50,7 +51,7 @@ def test_a_shape_counts_as_measured_only_after_its_span():
     r.observe("A", 1000, 10, 100)
     r.observe("B", 2000, 30, 100)
     r.observe("B", 2000, 20, 100)
-    assert not r.measured("B") and r.factor("B") == pytest.approx(r.factor("A"))  # the latest: B's so far
+    assert not r.measured("B") and r.factor("B") == 1.0  # nothing measured in full yet
     r.observe("B", 1000, 10, 100)
     assert r.measured("B") and r.factor("B") == pytest.approx(5000 / 6000)
 

@@ -8,10 +8,12 @@ ratios: throughput swings within a batch's cycle (the prompts of a new batch, a 
 so one 30-second interval says little, and a shape whose correction rests on one or two of them
 flaps the layout. A shape counts as measured once it has served `span_s` seconds (the controller
 sets it to one predicted batch period, so the swings of a cycle average out) in at least
-`min_samples` intervals. A shape not (yet) measured borrows the ratio of the shape measured most
-recently (the workload's and demand's share of the error is common to all shapes; only the layout's
-own share differs), so a wrong prediction costs at most one exploratory switch before the
-measurement overrides it.
+`min_samples` intervals. A shape not (yet) measured borrows the ratio of the shape most recently
+measured in full (the workload's and demand's share of the error is common to all shapes; only the
+layout's own share differs), never its own first intervals: those hold the switch that brought it
+(contexts recomputed, workers starting), and trusting them made a new layout look worse than the
+one it replaced and switched straight back. So a wrong prediction costs at most one exploratory
+switch before the measurement overrides it.
 Pure: no clocks, no I/O.
 """
 from __future__ import annotations
@@ -40,7 +42,7 @@ class ThroughputRefit:
         self.min_samples, self.min_seconds, self.half_life_s = min_samples, min_seconds, half_life_s
         self.span_s = 0.0  # seconds of measurement before a shape counts as measured (set by the caller)
         self.ratios: dict[Hashable, _Ratio] = {}
-        self.last: Hashable | None = None
+        self.last: Hashable | None = None  # the shape most recently measured in full
 
     def observe(self, shape: Hashable, tokens: float, seconds: float, predicted_tokens_per_s: float) -> None:
         """`shape` generated `tokens` in `seconds` where the predictor expected `predicted_tokens_per_s`."""
@@ -55,7 +57,8 @@ class ThroughputRefit:
             r.predicted = r.predicted * fade + predicted_tokens_per_s * seconds
             r.seconds += seconds
             r.samples += 1
-        self.last = shape
+        if self.measured(shape):
+            self.last = shape
 
     def rescale(self, shape: Hashable, factor: float) -> None:
         """The predictor's answer for `shape` changed (a new workload estimate): what was measured
