@@ -101,3 +101,14 @@ def test_pearl_compare_writes_the_table_and_the_pngs(tmp_path, capsys):
         assert row in text
     for png in ("throughput.png", "timeline.png", "utilisation.png"):
         assert (tmp_path / "out" / png).stat().st_size > 10_000
+
+
+def test_elasticity_ablation_reuses_pearls_runs_only_without_a_pool():
+    from pearl.runtime.compare import _policy, run_key
+
+    def key(cfg, **over):
+        return run_key(_policy(cfg, "pearl", **over).model_dump(mode="json"))
+    no_pool = small(cluster=dict(hardware="h800", rollout_devices=4, train_devices=2))
+    assert key(no_pool) == key(no_pool, elastic=False)  # no elastic device ever arrives: the same run
+    assert key(no_pool) != key(no_pool, borrow=False)
+    assert key(small()) != key(small(), elastic=False)  # a pool: the ablation is a run of its own

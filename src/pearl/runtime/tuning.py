@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import math
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from pearl.config import ScenarioConfig, deep_merge, parse_config
@@ -174,10 +174,13 @@ def bound_split(budget: float, tp: int) -> tuple[int, int, float]:
 
 @dataclass
 class Bound:
-    """The bound: `sides`, each (scenario, share of time) with a positive share, at one tp."""
+    """The bound: `sides`, each (scenario, share of time) with a positive share, at one tp, for the
+    device `budget`; `trials`: (label, trajectories/s) of every short run tried, best first."""
     tp: int
     sides: list[tuple[ScenarioConfig, float]]
     label: str
+    budget: float = 0.0
+    trials: list[tuple[str, float]] = field(default_factory=list)
 
 
 def tune_bound(cfg: ScenarioConfig, budget: float, pool: ProcessPoolExecutor | None = None) -> Bound:
@@ -202,10 +205,12 @@ def tune_bound(cfg: ScenarioConfig, budget: float, pool: ProcessPoolExecutor | N
             continue
         k0 = best[(tp, n)][2][0]
         caps = [(Knobs(k0.tp, c, k0.prefill, k0.decode, k0.prefill_tp), n) for c in _caps(cfg) if c is not None]
-        k, _ = sorted([best[(tp, n)]] + _trials(cfg, base, caps, pool), key=lambda x: -x[1])[0][2]
+        capped = _trials(cfg, base, caps, pool)
+        got += capped
+        k, _ = sorted([best[(tp, n)]] + capped, key=lambda x: -x[1])[0][2]
         sides.append((configure(cfg, deep_merge(extra, k.overrides(n))), w))
         labels.append(f"{w:.0%} of the time {n} devices {k.label()}")
-    return Bound(tp, sides, " + ".join(labels))
+    return Bound(tp, sides, " + ".join(labels), budget, [(lab, thr) for lab, thr, _ in sorted(got, key=lambda x: -x[1])])
 
 
 def tune(cfg: ScenarioConfig, policy: str, *, devices: int | None = None, extra: dict | None = None,
