@@ -102,10 +102,11 @@ def _run(data: dict, seed: int, timeline: bool) -> dict:
 
 
 # long: one pipeline (tune, run, bound after PEARL) kept in one place so its order is visible
-def compare(cfg: ScenarioConfig, seeds: list[int], jobs: int = 2, log=print, sequential: bool = False) -> list[Row]:
+def compare(cfg: ScenarioConfig, seeds: list[int], jobs: int = 2, log=print, legacy_tuning: bool = False) -> list[Row]:
     """Run every row on `seeds` (module docstring). `log`: progress lines, the last one the number of
-    runs. The tuners (each baseline's and the bound's) run at once in threads that share the process
-    pool, so it never waits on one tuner's last trial; `sequential`: one after another, as before
+    runs. The tuners (each baseline's and the bound's, coarse to fine: `tuning.search`) run at once
+    in threads that share the process pool, so it never waits on one tuner's last trial.
+    `legacy_tuning`: the tuners one after another, each exhaustive (`prune=False`), as before
     (kept for `benchmarks/compare_speed.py`)."""
     rows: list[Row] = []
     futs: dict[str, list[Future]] = {}
@@ -121,7 +122,7 @@ def compare(cfg: ScenarioConfig, seeds: list[int], jobs: int = 2, log=print, seq
             over = {**over, "tps": [cfg.engine.tp]} if "tps" in over else over
             rows.append(Row(name, _policy(cfg, "pearl", **over)))
             futs[name] = _submit(ex, rows[-1], seeds, seen)
-        tuners = _tuners(cfg, futs["pearl"], ex, th, sequential)
+        tuners = _tuners(cfg, futs["pearl"], ex, th, legacy_tuning)
         trials = 0
         for p in BASELINES:
             t: Tuned = tuners[p].result()
@@ -147,16 +148,17 @@ def compare(cfg: ScenarioConfig, seeds: list[int], jobs: int = 2, log=print, seq
 
 
 def _tuners(cfg: ScenarioConfig, pearl: list[Future], ex: ProcessPoolExecutor, th: ThreadPoolExecutor,
-            sequential: bool) -> dict[str, Future]:
+            legacy: bool) -> dict[str, Future]:
     """Each baseline's tuning and the bound's (after PEARL's runs, which set its budget), as futures:
-    threads submitting their trials to the shared pool `ex`, or, `sequential`, each done in turn here."""
+    threads submitting their trials to the shared pool `ex`, or, `legacy`, each done in turn here
+    with the exhaustive search."""
     def bound() -> Bound:
-        return tune_bound(cfg, bound_budget(cfg, [f.result() for f in pearl]), pool=ex)
+        return tune_bound(cfg, bound_budget(cfg, [f.result() for f in pearl]), pool=ex, prune=not legacy)
 
     def one(p: str) -> Tuned:
-        return tune(cfg, p, extra={"policy": {"name": p}}, pool=ex)
+        return tune(cfg, p, extra={"policy": {"name": p}}, pool=ex, prune=not legacy)
     jobs: dict[str, Any] = {**{p: (lambda p=p: one(p)) for p in BASELINES}, "bound": bound}
-    if not sequential:
+    if not legacy:
         return {k: th.submit(fn) for k, fn in jobs.items()}
     out: dict[str, Future] = {}
     for k, fn in jobs.items():
