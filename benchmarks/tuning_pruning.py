@@ -8,6 +8,7 @@ short run is deterministic (held-out seed), so a run both searches try is run on
 shared. (`fixed`, `rlboost+`, `roll-partial` have one layout per tp: nothing is pruned for them.)
 
     nice -n 10 .venv/bin/python benchmarks/tuning_pruning.py [--duration 600] [--jobs 2] [--scenarios a,b]
+        [--searches 'static-pd,static-pd per-role tp,bound']
 
 Prints per (scenario, policy) both winners, their short-run throughputs and run counts; last, the
 worst relative loss of the pruned winner's throughput and the ratio of the run counts (all searches).
@@ -63,6 +64,7 @@ def main() -> None:
     ap.add_argument("--duration", type=float, default=600.0, help="scenario duration_s (tuning runs: max(600, 1/4))")
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--scenarios", default=",".join(SCENARIOS))
+    ap.add_argument("--searches", default="static-pd,static-pd per-role tp,bound", help="a subset of the three")
     a = ap.parse_args()
     tuning._trials = cached_trials  # type: ignore[assignment]
     worst, runs_full, runs_pruned = 0.0, 0, 0
@@ -71,6 +73,8 @@ def main() -> None:
         for name in a.scenarios.split(","):
             base = load_config(ROOT / "scenarios" / f"{name}.yaml", ScenarioConfig, {"duration_s": a.duration})
             for policy, per_role in (("static-pd", False), ("static-pd", True), ("bound", False)):
+                if f"{policy}{' per-role tp' if per_role else ''}" not in a.searches.split(","):
+                    continue
                 cfg = tuning.configure(base, {"policy": {"per_role_tp": per_role}})
                 (fl, ft, fn), (pl, pt, pn) = (one(cfg, policy, prune, ex) for prune in (False, True))
                 loss = 1 - pt / ft if ft else 0.0

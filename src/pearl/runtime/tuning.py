@@ -10,8 +10,8 @@ scenario per candidate (`candidates`) on a held-out seed (`TUNE_SEED`, never one
 comparison reports) and keeps the one with the highest steady-state trajectories/s. Short runs, not
 the predictor: the predictor is PEARL's own model, and a baseline tuned by it would inherit its errors.
 The search is coarse to fine (`search`): stage 1 one layout per tp (colocated; for `static-pd` its
-middle P:D ratio), stage 2 every layout (P:D ratios, per-role tp pairs) of the 2 best tps, stage 3
-the caps on the best layout. `prune=False`: every candidate, then the caps (the exhaustive search;
+middle P:D ratio), stage 2 every layout (P:D ratios, per-role tp pairs by their decode tp) of the 2
+best tps, stage 3 the caps on the best layout. `prune=False`: every candidate, then the caps (the exhaustive search;
 `benchmarks/tuning_pruning.py` measures what pruning loses).
 
 `bound` (docs/policies.md): the best static configuration for the time-averaged device budget
@@ -264,13 +264,14 @@ def search(cfg: ScenarioConfig, base: dict, cands: list[tuple[Knobs, int | None]
            prune: bool, rank: Callable[[list[Trial]], list[int]]) -> list[Trial]:
     """Short runs of `cands`, best first. `prune`: stage 1 runs `stage_one(cands)`, `rank` orders the
     tps from those runs, stage 2 runs the rest of the candidates of the 2 best (a per-role pair when
-    both its tps are among them); without `prune`, every candidate."""
+    its decode tp is among them, whatever its prefill tp: prefill often wants a smaller tp than
+    decode); without `prune`, every candidate."""
     if not prune:
         return _trials(cfg, base, cands, ex)
     first = stage_one(cands)
     got = _trials(cfg, base, first, ex)
     top = set(rank(got)[:2])
-    rest = [c for c in cands if c not in first and c[0].tp in top and (c[0].prefill_tp or c[0].tp) in top]
+    rest = [c for c in cands if c not in first and c[0].tp in top]
     return sorted(got + _trials(cfg, base, rest, ex), key=lambda x: -x[1])
 
 
