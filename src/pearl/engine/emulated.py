@@ -292,9 +292,8 @@ class EmulatedEngine:
 
     def _make_room(self, need: int) -> bool:
         free = self._free()  # kept up to date below: each eviction frees exactly what it held
-        idle = self.idle
-        while free < need and idle:
-            _, tok = idle.popitem(last=False)
+        while free < need and self.idle:
+            _, tok = self.idle.popitem(last=False)
             self.idle_tokens -= tok
             free += tok
             self.evictions += 1
@@ -303,8 +302,7 @@ class EmulatedEngine:
                 here = self._held.get(r, 0)
                 if here:
                     self._held[r] = 0
-                    self.waiting_held -= here
-                    free += here
+                    self.waiting_held, free = self.waiting_held - here, free + here
                     r.num_computed = 0
                     self.evictions += 1
                     if free >= need:
@@ -358,7 +356,7 @@ class EmulatedEngine:
         t0 = max(t, self.seg_t0, self.paused_until)  # seg_t0: end of the last step applied
         self.seg_k = 0
         self.end_t = INF
-        if self.waiting:  # (the call costs more than the check, and nothing else waits to be admitted)
+        if self.waiting:  # (nothing to admit otherwise; the call costs more than the check)
             self._admit(t0)
         while True:
             B = len(self.dec)
@@ -375,8 +373,7 @@ class EmulatedEngine:
                 heapq.heappop(self.heap)
                 k_d = (self.heap[0][0] - self.step) if self.heap else INF
             grow = B  # prefills reserved their whole prompt's KV at admission; decodes grow by 1
-            free = self.kv_capacity - (self.ctx_base + B * self.step + self.pre_reserved + self.idle_tokens
-                                       + self.waiting_held)  # _free(), inline: the hottest line
+            free = self.kv_capacity - (self.ctx_base + B * self.step + self.pre_reserved + self.idle_tokens + self.waiting_held)
             k_kv = free // grow if grow else INF
             k = min(k_p, k_d, k_kv)
             if k >= 1 and k != INF:
