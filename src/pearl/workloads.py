@@ -67,7 +67,9 @@ def draw(d: Dist, rng: np.random.Generator, size: int | None = None):
         sigma = max(1e-9, (math.log(d.p90) - mu) / Z90)
         x = rng.lognormal(mu, sigma, size)
     hi = d.cap if d.cap is not None else np.inf
-    return np.clip(x, d.min, hi) if size else float(min(max(x, d.min), hi))
+    if size:  # np.clip's result, without its per-call overhead (hot: three draws per trajectory)
+        return np.minimum(np.maximum(x, d.min), hi)
+    return float(min(max(float(x), d.min), hi))
 
 
 def dist_mean(d: Dist, samples: int = 20000, seed: int = 12345) -> float:
@@ -95,6 +97,24 @@ class TrajectorySpec:
         return self.prompt_tokens + sum(self.responses) + sum(self.observations)
 
 
+_DRAWN: dict[tuple[int, str], dict] = {}  # (seed, workload config) -> its draws, this process's
+DRAWN_KEPT = 4  # workloads whose draws a process keeps (a comparison: its seeds and the tuning seed)
+DRAWN_MAX = 200_000  # draws kept per workload; beyond that its memo starts again (bounded memory)
+
+
+def _drawn(seed: int, cfg_json: str) -> dict:
+    """The memo of one workload's draws (`Workload.trajectory`): shared by every `Workload` of the same
+    seed and configuration in this process. Only the `DRAWN_KEPT` most recently used are kept, each
+    emptied when it reaches `DRAWN_MAX` draws. A draw is a pure function of the seed, the
+    configuration and its arguments, so the memo changes no result."""
+    key = (seed, cfg_json)
+    memo = _DRAWN.pop(key, None)
+    _DRAWN[key] = memo = {} if memo is None else memo
+    while len(_DRAWN) > DRAWN_KEPT:
+        del _DRAWN[next(iter(_DRAWN))]
+    return memo
+
+
 class Workload:
     """A resolved workload: the profile's distributions with the scenario's overrides."""
 
@@ -109,13 +129,34 @@ class Workload:
         self.scale = cfg.trajectory_response_scale
         self.schedule = cfg.schedule
         self.max_context = int(cfg.max_context or base["max_context"])
+        self._cfg_json = cfg.model_dump_json()
         self.seed = seed
         self._means: dict[str, float] | None = None
+
+    @property
+    def seed(self) -> int:
+        return self._seed
+
+    @seed.setter
+    def seed(self, seed: int) -> None:
+        """A new seed (a copy re-seeded to sample, `WorkloadStats.from_workload`) draws from its own memo."""
+        self._seed = seed
+        self._drawn = _drawn(seed, self._cfg_json)
 
     def trajectory(self, index: int, group: int, group_prompt_tokens: int | None = None,
                    step: float = 0) -> TrajectorySpec:
         """Trajectory `index` of prompt group `group`, drawn for training step `step` (the schedule's
-        factors there scale turns, responses, observations and environment latency)."""
+        factors there scale turns, responses, observations and environment latency). Memoised per
+        process (`_drawn`): the same seed and workload draw the same trajectories in every run."""
+        key = (index, group, group_prompt_tokens, step)
+        spec = self._drawn.get(key)
+        if spec is None:
+            if len(self._drawn) >= DRAWN_MAX:
+                self._drawn.clear()
+            spec = self._drawn[key] = self._draw(index, group, group_prompt_tokens, step)
+        return spec
+
+    def _draw(self, index: int, group: int, group_prompt_tokens: int | None, step: float) -> TrajectorySpec:
         rng = np.random.default_rng([self.seed, 7919, index])
         d, f = self.dists, factors(self.schedule, step)
         prompt = group_prompt_tokens or max(1, int(draw(d["prompt_tokens"], rng)))
@@ -125,20 +166,25 @@ class Workload:
         obs = np.maximum(1, (draw(d["observation_tokens"], rng, turns) * f["observation"]).astype(int))
         lat = draw(d["env_latency_s"], rng, turns) * f["env_latency"]
         # The context limit ends a trajectory early, as in real RL configs.
+        resp_l, obs_l = resp.tolist(), obs.tolist()  # Python ints: the same values, faster to walk
         ctx, keep = prompt, 0
         for k in range(turns):
-            ctx += int(resp[k])
+            ctx += resp_l[k]
             keep = k + 1
             if k + 1 < turns:
-                ctx += int(obs[k])
+                ctx += obs_l[k]
             if ctx >= self.max_context:
                 break
-        return TrajectorySpec(index, group, prompt, tuple(int(x) for x in resp[:keep]),
-                              tuple(int(x) for x in obs[:keep - 1]), tuple(float(x) for x in lat[:keep]))
+        return TrajectorySpec(index, group, prompt, tuple(resp_l[:keep]), tuple(obs_l[:keep - 1]),
+                              tuple(np.asarray(lat[:keep], dtype=float).tolist()))
 
     def group_prompt_tokens(self, group: int) -> int:
-        rng = np.random.default_rng([self.seed, 104729, group])
-        return max(1, int(draw(self.dists["prompt_tokens"], rng)))
+        key = ("prompt", group)
+        n = self._drawn.get(key)
+        if n is None:
+            rng = np.random.default_rng([self.seed, 104729, group])
+            n = self._drawn[key] = max(1, int(draw(self.dists["prompt_tokens"], rng)))
+        return n
 
     def trained(self, spec: TrajectorySpec) -> bool:
         """Whether the trainer computes this trajectory (always, for a drawn workload)."""

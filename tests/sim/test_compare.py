@@ -101,3 +101,46 @@ def test_pearl_compare_writes_the_table_and_the_pngs(tmp_path, capsys):
         assert row in text
     for png in ("throughput.png", "timeline.png", "utilisation.png"):
         assert (tmp_path / "out" / png).stat().st_size > 10_000
+
+
+def test_elasticity_ablation_reuses_pearls_runs_only_without_a_pool():
+    from pearl.runtime.compare import _policy, run_key
+
+    def key(cfg, **over):
+        return run_key(_policy(cfg, "pearl", **over).model_dump(mode="json"))
+    no_pool = small(cluster=dict(hardware="h800", rollout_devices=4, train_devices=2))
+    assert key(no_pool) == key(no_pool, elastic=False)  # no elastic device ever arrives: the same run
+    assert key(no_pool) != key(no_pool, borrow=False)
+    assert key(small()) != key(small(), elastic=False)  # a pool: the ablation is a run of its own
+
+
+def test_pruned_search_runs_stage_two_on_every_layout_of_the_two_best_tps_only(monkeypatch):
+    from pearl.runtime import tuning
+
+    cfg = small(cluster=dict(hardware="h800", rollout_devices=8, train_devices=2), policy=dict(per_role_tp=True))
+    cands = [(k, None) for k in candidates(cfg, "static-pd")]
+    score = {1: 3.0, 2: 2.0, 4: 1.0, 8: 0.0}  # a made-up throughput: smaller tps are better
+    ran: list[list[Knobs]] = []
+
+    def fake_trials(cfg, base, cs, ex):
+        ran.append([k for k, _ in cs])
+        return sorted(((k.label(), score[k.tp] + 0.1 * k.prefill, (k, n)) for k, n in cs), key=lambda x: -x[1])
+    monkeypatch.setattr(tuning, "_trials", fake_trials)
+    got = tuning.search(cfg, {}, cands, None, True, lambda g: list(dict.fromkeys(x[2][0].tp for x in g)))
+    first, second = ran
+    assert sorted(k.tp for k in first) == [1, 2, 4] and all(k.prefill_tp is None for k in first)  # one per tp
+    assert [k.prefill for k in first if k.tp == 1] == [3]  # the middle of tp1's ratios 1, 2, 3, 4
+    tried = set(first) | set(second)
+    assert {k for k, _ in cands if k.tp in (1, 2)} <= tried  # every ratio and pair decoding at tp1 or tp2
+    assert any(k.prefill_tp == 4 for k in second)  # (a pair's prefill tp may be any)
+    assert not [k for k in second if k.tp in (4, 8)]
+    assert len(tried) < len(cands) and got[0][2][0] == max(tried, key=lambda k: score[k.tp] + 0.1 * k.prefill)
+
+
+def test_pruned_tuning_tries_fewer_runs_and_finds_the_exhaustive_winner_on_a_small_scenario():
+    cfg = small(cluster=dict(hardware="h800", rollout_devices=8, train_devices=2), policy=dict(per_role_tp=True))
+    pruned = tune(cfg, "static-pd", extra={"policy": {"name": "static-pd"}}, jobs=1)
+    full = tune(cfg, "static-pd", extra={"policy": {"name": "static-pd"}}, jobs=1, prune=False)
+    assert len(full.trials) == len(candidates(cfg, "static-pd")) + 2
+    assert len(pruned.trials) < len(full.trials)
+    assert pruned.knobs == full.knobs and pruned.trials[0] == full.trials[0]  # the same short run wins

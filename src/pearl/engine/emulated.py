@@ -291,21 +291,23 @@ class EmulatedEngine:
         return self.kv_capacity - self.kv_used()
 
     def _make_room(self, need: int) -> bool:
-        while self._free() < need and self.idle:
+        free = self._free()  # kept up to date below: each eviction frees exactly what it held
+        while free < need and self.idle:
             _, tok = self.idle.popitem(last=False)
             self.idle_tokens -= tok
+            free += tok
             self.evictions += 1
-        if self._free() < need:  # then the prefixes that queued requests hold, newest first
+        if free < need:  # then the prefixes that queued requests hold, newest first
             for r in reversed(self.waiting):
                 here = self._held.get(r, 0)
                 if here:
                     self._held[r] = 0
-                    self.waiting_held -= here
+                    self.waiting_held, free = self.waiting_held - here, free + here
                     r.num_computed = 0
                     self.evictions += 1
-                    if self._free() >= need:
+                    if free >= need:
                         break
-        return self._free() >= need
+        return free >= need
 
     def _admit(self, t: float) -> None:
         while self.waiting and len(self.dec) + len(self.pre) < self.max_num_seqs:
@@ -354,7 +356,8 @@ class EmulatedEngine:
         t0 = max(t, self.seg_t0, self.paused_until)  # seg_t0: end of the last step applied
         self.seg_k = 0
         self.end_t = INF
-        self._admit(t0)
+        if self.waiting:  # (nothing to admit otherwise; the call costs more than the check)
+            self._admit(t0)
         while True:
             B = len(self.dec)
             if B == 0 and not self.pre:
@@ -370,7 +373,7 @@ class EmulatedEngine:
                 heapq.heappop(self.heap)
                 k_d = (self.heap[0][0] - self.step) if self.heap else INF
             grow = B  # prefills reserved their whole prompt's KV at admission; decodes grow by 1
-            free = self._free()
+            free = self.kv_capacity - (self.ctx_base + B * self.step + self.pre_reserved + self.idle_tokens + self.waiting_held)
             k_kv = free // grow if grow else INF
             k = min(k_p, k_d, k_kv)
             if k >= 1 and k != INF:

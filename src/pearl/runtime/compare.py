@@ -12,13 +12,13 @@ from __future__ import annotations
 import json
 import math
 import statistics
-from concurrent.futures import Future, ProcessPoolExecutor
+from concurrent.futures import Future, ProcessPoolExecutor, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from pearl.config import ScenarioConfig, deep_merge, parse_config
-from pearl.runtime.tuning import bound_budget, configure, simulate, tune, tune_bound
+from pearl.runtime.tuning import Bound, Tuned, bound_budget, configure, simulate, tune, tune_bound
 from pearl.types import Mode
 
 __all__ = ["ABLATIONS", "Row", "compare", "format_table"]
@@ -77,11 +77,21 @@ def _as_configured(cfg: ScenarioConfig) -> dict[str, ScenarioConfig]:
     return out
 
 
+def run_key(data: dict[str, Any]) -> str:
+    """What identifies a run's configuration (a scenario dump): everything but the name, with
+    `policy.elastic` dropped when the scenario has no elastic pool (no elastic device ever arrives,
+    so the flag changes nothing: `pearl -elasticity` there is PEARL's run)."""
+    d = {k: v for k, v in data.items() if k != "name"}
+    if d["cluster"]["elastic"]["kind"] == "none":
+        d["policy"] = {k: v for k, v in d["policy"].items() if k != "elastic"}
+    return json.dumps(d, sort_keys=True)
+
+
 def _submit(ex: ProcessPoolExecutor, row: Row, seeds: list[int], seen: dict[str, list[Future]]) -> list[Future]:
     """One run per seed; the first seed's also records the device timeline (for the plots). A row
-    whose configuration an earlier row already has (e.g. tuned = as configured) reuses its runs."""
+    whose configuration an earlier row already has (`run_key`: e.g. tuned = as configured) reuses its runs."""
     data = row.cfg.model_dump(mode="json")
-    key = json.dumps({k: v for k, v in data.items() if k != "name"}, sort_keys=True)
+    key = run_key(data)
     if key not in seen:
         seen[key] = [ex.submit(_run, data, s, s == seeds[0]) for s in seeds]
     return seen[key]
@@ -92,12 +102,16 @@ def _run(data: dict, seed: int, timeline: bool) -> dict:
 
 
 # long: one pipeline (tune, run, bound after PEARL) kept in one place so its order is visible
-def compare(cfg: ScenarioConfig, seeds: list[int], jobs: int = 2, log=print) -> list[Row]:
-    """Run every row on `seeds` (module docstring). `log`: progress lines."""
+def compare(cfg: ScenarioConfig, seeds: list[int], jobs: int = 2, log=print, legacy_tuning: bool = False) -> list[Row]:
+    """Run every row on `seeds` (module docstring). `log`: progress lines, the last one the number of
+    runs. The tuners (each baseline's and the bound's, coarse to fine: `tuning.search`) run at once
+    in threads that share the process pool, so it never waits on one tuner's last trial.
+    `legacy_tuning`: the tuners one after another, each exhaustive (`prune=False`), as before
+    (kept for `benchmarks/compare_speed.py`)."""
     rows: list[Row] = []
     futs: dict[str, list[Future]] = {}
     seen: dict[str, list[Future]] = {}
-    with ProcessPoolExecutor(jobs) as ex:
+    with ProcessPoolExecutor(jobs) as ex, ThreadPoolExecutor(len(BASELINES) + 1) as th:
         pearl = Row("pearl", _policy(cfg, "pearl"))
         futs["pearl"] = _submit(ex, pearl, seeds, seen)
         rows.append(pearl)
@@ -108,24 +122,49 @@ def compare(cfg: ScenarioConfig, seeds: list[int], jobs: int = 2, log=print) -> 
             over = {**over, "tps": [cfg.engine.tp]} if "tps" in over else over
             rows.append(Row(name, _policy(cfg, "pearl", **over)))
             futs[name] = _submit(ex, rows[-1], seeds, seen)
+        tuners = _tuners(cfg, futs["pearl"], ex, th, legacy_tuning)
+        trials = 0
         for p in BASELINES:
-            t = tune(cfg, p, extra={"policy": {"name": p}}, pool=ex)
+            t: Tuned = tuners[p].result()
+            trials += len(t.trials)
             log(f"tuned {p}: {t.knobs.label()} (best of {len(t.trials)} short runs)")
             rows.append(Row(f"{p} tuned", t.cfg, t.knobs.label()))
             futs[rows[-1].name] = _submit(ex, rows[-1], seeds, seen)
         pearl.runs = [f.result() for f in futs["pearl"]]
-        budget = bound_budget(cfg, pearl.runs)
-        b = tune_bound(cfg, budget, pool=ex)
-        log(f"bound: budget {budget:.2f} devices: {b.label}")
+        b: Bound = tuners["bound"].result()
+        trials += len(b.trials)
+        log(f"bound: budget {b.budget:.2f} devices: {b.label} (best of {len(b.trials)} short runs)")
         sides = [(_submit(ex, Row("bound", c), seeds, seen), w) for c, w in b.sides]
         for r in rows:
             if not r.runs:
                 r.runs = [f.result() for f in futs[r.name]]
-        rows.append(Row("bound", b.sides[-1][0], f"budget {budget:.1f} devices: {b.label}"))
+        rows.append(Row("bound", b.sides[-1][0], f"budget {b.budget:.1f} devices: {b.label}"))
         rows[-1].runs = [_mix([(f[i].result(), w) for f, w in sides]) for i in range(len(seeds))]
+    log(f"runs: {len(seen) * len(seeds)} full ({len(seen)} distinct configurations x {len(seeds)} seeds), "
+        f"{trials} short tuning runs")
     order = ["fixed", "fixed tuned", "static-pd", "static-pd tuned", "rlboost+", "rlboost+ tuned", "roll-partial",
              "roll-partial tuned", "pearl", "bound", *ABLATIONS]
     return sorted(rows, key=lambda r: order.index(r.name))
+
+
+def _tuners(cfg: ScenarioConfig, pearl: list[Future], ex: ProcessPoolExecutor, th: ThreadPoolExecutor,
+            legacy: bool) -> dict[str, Future]:
+    """Each baseline's tuning and the bound's (after PEARL's runs, which set its budget), as futures:
+    threads submitting their trials to the shared pool `ex`, or, `legacy`, each done in turn here
+    with the exhaustive search."""
+    def bound() -> Bound:
+        return tune_bound(cfg, bound_budget(cfg, [f.result() for f in pearl]), pool=ex, prune=not legacy)
+
+    def one(p: str) -> Tuned:
+        return tune(cfg, p, extra={"policy": {"name": p}}, pool=ex, prune=not legacy)
+    jobs: dict[str, Any] = {**{p: (lambda p=p: one(p)) for p in BASELINES}, "bound": bound}
+    if not legacy:
+        return {k: th.submit(fn) for k, fn in jobs.items()}
+    out: dict[str, Future] = {}
+    for k, fn in jobs.items():
+        out[k] = Future()
+        out[k].set_result(fn())
+    return out
 
 
 def _mix(runs: list[tuple[dict, float]]) -> dict:

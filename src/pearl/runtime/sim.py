@@ -350,6 +350,6 @@ class Simulator(SimTrainer):
         for b in trace(self.cfg.cluster.elastic, self.cfg.duration_s, self.cfg.seed):
             self.clock.at(b.t_add, self.control.elastic_add, b)
         self._admit()
-        self.clock.run(self.cfg.duration_s, stop=self._done)
+        self.clock.run(self.cfg.duration_s, stop=self._done if self.cfg.max_train_steps is not None else None)
         self._count_active(0)
         return collect(self)

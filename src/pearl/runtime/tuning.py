@@ -5,10 +5,14 @@ trajectories in flight (`rl.max_concurrent_trajectories`) and, for `static-pd`, 
 simulator has one router, session-affine power-of-two-choices, shared by every policy: there is no
 router knob to tune.) When the scenario lets PEARL give prefill workers a tp of their own
 (`policy.per_role_tp`), `static-pd` and `bound` get that knob too: every (prefill tp, decode tp)
-pair of two valid sizes, at the same prefill shares of the devices. `tune` tries every candidate (`candidates`) with a short simulation of the
-scenario on a held-out seed (`TUNE_SEED`, never one of the seeds a comparison reports) and keeps the
-one with the highest steady-state trajectories/s. Short runs, not the predictor: the predictor is
-PEARL's own model, and a baseline tuned by it would inherit its errors.
+pair of two valid sizes, at the same prefill shares of the devices. `tune` runs a short simulation of the
+scenario per candidate (`candidates`) on a held-out seed (`TUNE_SEED`, never one of the seeds a
+comparison reports) and keeps the one with the highest steady-state trajectories/s. Short runs, not
+the predictor: the predictor is PEARL's own model, and a baseline tuned by it would inherit its errors.
+The search is coarse to fine (`search`): stage 1 one layout per tp (colocated; for `static-pd` its
+middle P:D ratio), stage 2 every layout (P:D ratios, per-role tp pairs by their decode tp) of the 2
+best tps, stage 3 the caps on the best layout. `prune=False`: every candidate, then the caps (the exhaustive search;
+`benchmarks/tuning_pruning.py` measures what pruning loses).
 
 `bound` (docs/policies.md): the best static configuration for the time-averaged device budget
 with free switching. The budget is the rollout devices, plus the elastic devices present on average,
@@ -23,8 +27,8 @@ from __future__ import annotations
 
 import math
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, Callable
 
 from pearl.config import ScenarioConfig, deep_merge, parse_config
 from pearl.errors import ResourceError
@@ -33,7 +37,7 @@ from pearl.perf.models import get_model
 from pearl.perf.roofline import PerfModel
 
 __all__ = ["TUNE_SEED", "Bound", "Knobs", "Tuned", "bound_budget", "bound_candidates", "bound_split", "candidates",
-           "configure", "pair_ratios", "simulate", "tune", "tune_bound", "valid_tps"]
+           "configure", "pair_ratios", "search", "simulate", "stage_one", "tune", "tune_bound", "valid_tps"]
 
 TUNE_SEED = 1_000_003  # the seed tuning runs use: held out from every reported seed
 TUNE_SHARE = 0.25  # a tuning run simulates this share of the scenario's duration ...
@@ -164,6 +168,21 @@ def bound_candidates(cfg: ScenarioConfig, budget: float) -> list[tuple[Knobs, in
             for k in candidates(cfg, "bound", n) if k.tp == tp]
 
 
+def _best_sides(got: list[tuple[str, float, tuple[Knobs, int | None]]]) -> dict[tuple[int, int | None], tuple]:
+    """(tp, devices) -> the best trial there (`got` is sorted best first)."""
+    best: dict[tuple[int, int | None], tuple] = {}
+    for g in got:
+        best.setdefault((g[2][0].tp, g[2][1]), g)
+    return best
+
+
+def _share_score(best: dict[tuple[int, int | None], tuple], budget: float, tp: int) -> float:
+    """The time-share's throughput at `tp` (`bound_split`), 0 for a side with no trial."""
+    lo, hi, share = bound_split(budget, tp)
+    thr = lambda n: best[(tp, n)][1] if (tp, n) in best else 0.0  # noqa: E731
+    return (1 - share) * thr(lo) + share * thr(hi)
+
+
 def bound_split(budget: float, tp: int) -> tuple[int, int, float]:
     """(devices below, devices above, share of time above): whole tp-workers around `budget`, time-
     shared so that the average is exactly `budget` (free switching makes the share free)."""
@@ -174,27 +193,28 @@ def bound_split(budget: float, tp: int) -> tuple[int, int, float]:
 
 @dataclass
 class Bound:
-    """The bound: `sides`, each (scenario, share of time) with a positive share, at one tp."""
+    """The bound: `sides`, each (scenario, share of time) with a positive share, at one tp, for the
+    device `budget`; `trials`: (label, trajectories/s) of every short run tried, best first."""
     tp: int
     sides: list[tuple[ScenarioConfig, float]]
     label: str
+    budget: float = 0.0
+    trials: list[tuple[str, float]] = field(default_factory=list)
 
 
-def tune_bound(cfg: ScenarioConfig, budget: float, pool: ProcessPoolExecutor | None = None) -> Bound:
-    """The best time-share (`bound_split`) over tp, each side's layout and cap tuned like a baseline."""
+def tune_bound(cfg: ScenarioConfig, budget: float, pool: ProcessPoolExecutor | None = None,
+               prune: bool = True) -> Bound:
+    """The best time-share (`bound_split`) over tp, each side's layout and cap tuned like a baseline
+    (`search`; its tps ranked by their time-share)."""
     extra = {"policy": {"name": "fixed"}, "cluster": {"elastic": {"kind": "none"}}}
     short = min(cfg.duration_s, max(TUNE_MIN_S, TUNE_SHARE * cfg.duration_s))
     base = {"seed": TUNE_SEED, "duration_s": short, **extra}
-    got = _trials(cfg, base, bound_candidates(cfg, budget), pool)
-    best: dict[int, tuple[str, float, tuple[Knobs, int | None]]] = {}  # devices@tp -> best trial
-    for g in got:  # sorted best first: keep the first per (tp, devices)
-        best.setdefault((g[2][0].tp, g[2][1]), g)  # type: ignore[index]
-
-    def score(tp: int) -> float:
-        lo, hi, share = bound_split(budget, tp)
-        thr = lambda n: best[(tp, n)][1] if (tp, n) in best else 0.0  # noqa: E731
-        return (1 - share) * thr(lo) + share * thr(hi)
-    tp = max({k.tp for k, _ in bound_candidates(cfg, budget)}, key=score)
+    cands = bound_candidates(cfg, budget)
+    tps = {k.tp for k, _ in cands}
+    got = search(cfg, base, cands, pool, prune,
+                 lambda g: sorted(tps, key=lambda tp: -_share_score(_best_sides(g), budget, tp)))
+    best = _best_sides(got)
+    tp = max(tps, key=lambda tp: _share_score(best, budget, tp))
     lo, hi, share = bound_split(budget, tp)
     sides, labels = [], []
     for n, w in ((lo, 1 - share), (hi, share)):
@@ -202,18 +222,20 @@ def tune_bound(cfg: ScenarioConfig, budget: float, pool: ProcessPoolExecutor | N
             continue
         k0 = best[(tp, n)][2][0]
         caps = [(Knobs(k0.tp, c, k0.prefill, k0.decode, k0.prefill_tp), n) for c in _caps(cfg) if c is not None]
-        k, _ = sorted([best[(tp, n)]] + _trials(cfg, base, caps, pool), key=lambda x: -x[1])[0][2]
+        capped = _trials(cfg, base, caps, pool)
+        got += capped
+        k, _ = sorted([best[(tp, n)]] + capped, key=lambda x: -x[1])[0][2]
         sides.append((configure(cfg, deep_merge(extra, k.overrides(n))), w))
         labels.append(f"{w:.0%} of the time {n} devices {k.label()}")
-    return Bound(tp, sides, " + ".join(labels))
+    return Bound(tp, sides, " + ".join(labels), budget, [(lab, thr) for lab, thr, _ in sorted(got, key=lambda x: -x[1])])
 
 
 def tune(cfg: ScenarioConfig, policy: str, *, devices: int | None = None, extra: dict | None = None,
          jobs: int = 2, pool: ProcessPoolExecutor | None = None,
-         cands: list[tuple[Knobs, int | None]] | None = None) -> Tuned:
-    """The best of `cands` (default: `candidates(cfg, policy, devices)`) by a short simulation each
-    (module docstring). `extra`: overrides every trial shares (e.g. the policy, the spot pool).
-    Raises ValueError if nothing fits."""
+         cands: list[tuple[Knobs, int | None]] | None = None, prune: bool = True) -> Tuned:
+    """The best of `cands` (default: `candidates(cfg, policy, devices)`) by short simulations
+    (`search`, module docstring), then its caps. `extra`: overrides every trial shares (e.g. the
+    policy, the spot pool). Raises ValueError if nothing fits."""
     if cands is None:
         cands = [(k, devices) for k in candidates(cfg, policy, devices)]
     if not cands:
@@ -223,10 +245,10 @@ def tune(cfg: ScenarioConfig, policy: str, *, devices: int | None = None, extra:
     own = pool is None and jobs > 1
     ex = ProcessPoolExecutor(jobs) if own else pool
     try:
-        got = _trials(cfg, base, cands, ex)  # stage 1: the layout (tp, P:D), no cap
+        got = search(cfg, base, cands, ex, prune, lambda g: list(dict.fromkeys(x[2][0].tp for x in g)))
         k0, n0 = got[0][2]
         caps = [(Knobs(k0.tp, c, k0.prefill, k0.decode, k0.prefill_tp), n0) for c in _caps(cfg) if c is not None]
-        got = sorted(got + _trials(cfg, base, caps, ex), key=lambda x: -x[1])  # stage 2: the cap
+        got = sorted(got + _trials(cfg, base, caps, ex), key=lambda x: -x[1])  # the caps on the best layout
     finally:
         if own:
             ex.shutdown()
@@ -235,8 +257,40 @@ def tune(cfg: ScenarioConfig, policy: str, *, devices: int | None = None, extra:
     return Tuned(policy, best, tuned, [(lab, thr) for lab, thr, _ in got])
 
 
+Trial = tuple[str, float, tuple[Knobs, int | None]]
+
+
+def search(cfg: ScenarioConfig, base: dict, cands: list[tuple[Knobs, int | None]], ex: ProcessPoolExecutor | None,
+           prune: bool, rank: Callable[[list[Trial]], list[int]]) -> list[Trial]:
+    """Short runs of `cands`, best first. `prune`: stage 1 runs `stage_one(cands)`, `rank` orders the
+    tps from those runs, stage 2 runs the rest of the candidates of the 2 best (a per-role pair when
+    its decode tp is among them, whatever its prefill tp: prefill often wants a smaller tp than
+    decode); without `prune`, every candidate."""
+    if not prune:
+        return _trials(cfg, base, cands, ex)
+    first = stage_one(cands)
+    got = _trials(cfg, base, first, ex)
+    top = set(rank(got)[:2])
+    rest = [c for c in cands if c not in first and c[0].tp in top]
+    return sorted(got + _trials(cfg, base, rest, ex), key=lambda x: -x[1])
+
+
+def stage_one(cands: list[tuple[Knobs, int | None]]) -> list[tuple[Knobs, int | None]]:
+    """One candidate per (tp, devices): the colocated layout, else the middle of its P:D ratios (a
+    single tp for both roles)."""
+    by: dict[tuple[int, int | None], list[tuple[Knobs, int | None]]] = {}
+    for k, n in cands:
+        if k.prefill_tp is None:
+            by.setdefault((k.tp, n), []).append((k, n))
+    out = []
+    for group in by.values():
+        colo = [c for c in group if not c[0].prefill]
+        out.append(colo[0] if colo else sorted(group, key=lambda c: c[0].prefill)[len(group) // 2])
+    return out
+
+
 def _trials(cfg: ScenarioConfig, base: dict, cands: list[tuple[Knobs, int | None]],
-            ex: ProcessPoolExecutor | None) -> list[tuple[str, float, tuple[Knobs, int | None]]]:
+            ex: ProcessPoolExecutor | None) -> list[Trial]:
     """(label, trajectories/s of the short run, candidate), best first."""
     by_label = {k.label() + (f" on {n}" if n is not None else ""): (k, n) for k, n in cands}
     jobs_in = [(configure(cfg, deep_merge(base, k.overrides(n))).model_dump(mode="json"), lab)
