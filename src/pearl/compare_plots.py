@@ -4,7 +4,7 @@
   steps), first seed, for the tuned baselines, PEARL and the bound (the side of its time-share with
   the larger share); a bar panel with every row's mean ± std over seeds.
 - `timeline.png`: device x time, coloured by what each device did (`pearl.runtime.timeline.LABELS`),
-  for PEARL, the best tuned baseline and the bound (first seed).
+  for PEARL, the best baseline (tuned or planned) and the bound (first seed).
 - `utilisation.png`: busy share of each pool's available device-seconds, per row (first seed).
 """
 from __future__ import annotations
@@ -22,7 +22,8 @@ __all__ = ["COLORS", "plot_all"]
 
 COLORS = {"prefill": "#1f77b4", "decode": "#ff7f0e", "mixed": "#2ca02c", "starting": "#bcbd22",
           "training": "#9467bd", "lent": "#d62728", "idle": "#e6e6e6"}
-MAIN = ("fixed tuned", "static-pd tuned", "rlboost+ tuned", "roll-partial tuned", "pearl", "bound")
+MAIN = ("fixed tuned", "static-pd tuned", "rlboost+ tuned", "roll-partial tuned", "plan-static", "plan-warmup",
+        "pearl", "bound")
 
 
 def _series(run: dict[str, Any], k: int = 5) -> tuple[list[float], list[float]]:
@@ -66,9 +67,7 @@ def plot_throughput(rows: list[Any], path: Path) -> Path:
     return path
 
 
-def plot_timeline(rows: list[Any], path: Path) -> Path:
-    tuned = [r for r in rows if r.name.endswith(" tuned") and r.runs]
-    best = max(tuned, key=lambda r: r.mean("throughput.trajectories_per_s")) if tuned else None
+def plot_timeline(rows: list[Any], path: Path, best: Any = None) -> Path:
     show = [r for r in rows if r.name == "pearl"] + ([best] if best else []) + [r for r in rows if r.name == "bound"]
     show = [r for r in show if r.runs and r.runs[0].get("roles")]
     fig, axes = plt.subplots(len(show), 1, figsize=(14, 3.2 * max(1, len(show))), squeeze=False)
@@ -115,6 +114,7 @@ def plot_utilisation(rows: list[Any], path: Path) -> Path:
     return path
 
 
-def plot_all(rows: list[Any], out_dir: Path) -> list[Path]:
-    return [plot_throughput(rows, out_dir / "throughput.png"), plot_timeline(rows, out_dir / "timeline.png"),
+def plot_all(rows: list[Any], out_dir: Path, best: Any = None) -> list[Path]:
+    """Every plot; `best`: the best baseline's row, shown in the timeline next to PEARL and the bound."""
+    return [plot_throughput(rows, out_dir / "throughput.png"), plot_timeline(rows, out_dir / "timeline.png", best),
             plot_utilisation(rows, out_dir / "utilisation.png")]

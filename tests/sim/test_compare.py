@@ -74,7 +74,10 @@ def test_table_ratios_and_headline():
     assert "| pearl | 2.000 ± 0.283 |" in text
     assert text.splitlines()[0].startswith("| policy | traj/s | tokens/s | /fixed | /rlboost+ tuned | /bound |")
     h = headline(rows)
-    assert h["pearl_over_best_tuned"] == pytest.approx(1.0) and h["pearl_over_bound"] == pytest.approx(0.5)
+    assert h["pearl_over_best_baseline"] == pytest.approx(1.0) and h["pearl_over_bound"] == pytest.approx(0.5)
+    # a static layout the predictor planned is a baseline too; the as-configured rows are not
+    rows += [fake_row("plan-warmup", [2.5, 2.5]), fake_row("fixed", [9.0, 9.0])]
+    assert headline(rows)["pearl_over_best_baseline"] == pytest.approx(0.8)
 
 
 def test_knobs_become_a_valid_scenario():
@@ -97,7 +100,8 @@ def test_pearl_compare_writes_the_table_and_the_pngs(tmp_path, capsys):
     assert e.value.code == 0
     text = capsys.readouterr().out
     for row in ("| fixed tuned |", "| static-pd tuned |", "| rlboost+ tuned |", "| roll-partial tuned |", "| pearl |",
-                "| bound |", "| pearl tp pinned |", "PEARL / best tuned baseline"):
+                "| plan-static |", "| plan-warmup |",
+                "| bound |", "| pearl tp pinned |", "PEARL / best baseline"):
         assert row in text
     for png in ("throughput.png", "timeline.png", "utilisation.png"):
         assert (tmp_path / "out" / png).stat().st_size > 10_000

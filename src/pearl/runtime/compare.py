@@ -2,7 +2,8 @@
 
 Rows (docs/policies.md says what each may and may not do): the baselines `fixed`, `static-pd`,
 `rlboost+`, `roll-partial`, each as configured and tuned (`pearl.runtime.tuning.tune`: tp, the cap
-on trajectories in flight, the P:D ratio, by short runs on a held-out seed); `pearl`; `bound` (the
+on trajectories in flight, the P:D ratio, by short runs on a held-out seed); the static layouts
+the predictor plans, `plan-static` and `plan-warmup` (`PLANNED`); `pearl`; `bound` (the
 best static configuration for PEARL's time-averaged device budget, `tuning.bound_budget`); and
 PEARL's ablations. Every row runs the scenario's seeds; the table gives mean ± standard deviation
 over seeds and the ratios of the means.
@@ -33,6 +34,15 @@ ABLATIONS: dict[str, dict[str, Any]] = {
     "pearl tp pinned": {"tps": None},  # filled with [engine.tp] per scenario
 }
 BASELINES = ("fixed", "static-pd", "rlboost+", "roll-partial")
+# Static layouts the predictor plans (no tuning runs: `pearl plan` is their tuning): before the run
+# from the declared workload, or after the first quarter of the run (at most `policy.plan_after_s`)
+# from the observed one.
+PLANNED = ("plan-static", "plan-warmup")
+
+
+def is_baseline(name: str) -> bool:
+    """Whether row `name` is a baseline PEARL is measured against (tuned or planned)."""
+    return name.endswith(" tuned") or name in PLANNED
 
 
 @dataclass
@@ -118,6 +128,11 @@ def compare(cfg: ScenarioConfig, seeds: list[int], jobs: int = 2, log=print, leg
         for name, c in _as_configured(cfg).items():
             rows.append(Row(name, c, "as configured"))
             futs[name] = _submit(ex, rows[-1], seeds, seen)
+        for name in PLANNED:
+            after = min(cfg.policy.plan_after_s, 0.25 * cfg.duration_s)
+            rows.append(Row(name, _policy(cfg, name, plan_after_s=after),
+                            "planned before the run" if name == "plan-static" else f"planned at {after:g} s"))
+            futs[name] = _submit(ex, rows[-1], seeds, seen)
         for name, over in ABLATIONS.items():
             over = {**over, "tps": [cfg.engine.tp]} if "tps" in over else over
             rows.append(Row(name, _policy(cfg, "pearl", **over)))
@@ -143,7 +158,7 @@ def compare(cfg: ScenarioConfig, seeds: list[int], jobs: int = 2, log=print, leg
     log(f"runs: {len(seen) * len(seeds)} full ({len(seen)} distinct configurations x {len(seeds)} seeds), "
         f"{trials} short tuning runs")
     order = ["fixed", "fixed tuned", "static-pd", "static-pd tuned", "rlboost+", "rlboost+ tuned", "roll-partial",
-             "roll-partial tuned", "pearl", "bound", *ABLATIONS]
+             "roll-partial tuned", *PLANNED, "pearl", "bound", *ABLATIONS]
     return sorted(rows, key=lambda r: order.index(r.name))
 
 
@@ -222,12 +237,19 @@ def format_table(rows: list[Row]) -> str:
     return "\n".join(lines)
 
 
+def best_baseline(rows: list[Row]) -> Row | None:
+    """The baseline row (tuned or planned) with the highest mean trajectories/s."""
+    return max((r for r in rows if is_baseline(r.name) and r.runs),
+               key=lambda r: r.mean("throughput.trajectories_per_s"), default=None)
+
+
 def headline(rows: list[Row]) -> dict[str, float]:
-    """PEARL over the best tuned baseline and over the bound."""
+    """PEARL over the best baseline (tuned or planned) and over the bound."""
     by = {r.name: r.mean("throughput.trajectories_per_s") for r in rows}
-    best = max((v for k, v in by.items() if k.endswith(" tuned")), default=math.nan)
+    b = best_baseline(rows)
+    best = b.mean("throughput.trajectories_per_s") if b is not None else math.nan
     p = by.get("pearl", math.nan)
-    return {"pearl_over_best_tuned": p / best if best else math.nan,
+    return {"pearl_over_best_baseline": p / best if best else math.nan,
             "pearl_over_bound": p / by["bound"] if by.get("bound") else math.nan}
 
 
@@ -241,4 +263,4 @@ def write(rows: list[Row], out_dir: Path) -> list[Path]:
                               for x in r.runs] for r in rows}}
     p = out_dir / "results.json"
     p.write_text(json.dumps(data, indent=1, default=str))
-    return [p, *plot_all(rows, out_dir)]
+    return [p, *plot_all(rows, out_dir, best_baseline(rows))]

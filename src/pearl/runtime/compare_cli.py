@@ -22,6 +22,6 @@ def run_compare(scenario: Path, seeds: int, out_dir: Path, jobs: int, duration: 
     h = headline(rows)
     for p in write(rows, out_dir):
         echo(f"saved {p}")
-    echo(f"{cfg.name}: PEARL / best tuned baseline {h['pearl_over_best_tuned']:.3f}, PEARL / bound "
+    echo(f"{cfg.name}: PEARL / best baseline {h['pearl_over_best_baseline']:.3f}, PEARL / bound "
          f"{h['pearl_over_bound']:.3f} ({seeds} seeds, {time.perf_counter() - t0:.0f} s)")
     return h
