@@ -23,6 +23,7 @@ from pearl.perf.roofline import PerfModel
 from pearl.runtime.clock import VirtualClock
 from pearl.runtime.elastic import trace
 from pearl.runtime.results import collect
+from pearl.runtime.sim_balance import SimBalance
 from pearl.runtime.sim_control import SimControl
 from pearl.types import Pool, Role, WorkerPhase
 from pearl.rl.trajectory import Group
@@ -33,7 +34,7 @@ from pearl.workloads import TrajectorySpec, Workload
 FINISHED_KEPT = 512  # recent finished trajectories an observation shows the controller
 
 
-class Simulator(SimTrainer):
+class Simulator(SimTrainer, SimBalance):
     def __init__(self, cfg: ScenarioConfig):
         self.cfg = cfg
         self.clock = VirtualClock()
@@ -77,6 +78,8 @@ class Simulator(SimTrainer):
         self.discarded = 0
         self.trainer_device_wait = 0.0
         self.migrated = 0
+        self.rebalanced = 0  # trajectories moved onto a worker that joined mid-batch (sim_balance)
+        self.inflight: dict[str, SimTrajectory] = {}  # admitted, not finished
         self.recomputed_tokens = 0
         self.finished_recent: deque[TrajectorySpec] = deque(maxlen=FINISHED_KEPT)  # what the controller learns from
         self.finished_count = 0
@@ -130,6 +133,7 @@ class Simulator(SimTrainer):
             parked, self.parked = self.parked, []
             for tr, r in parked:
                 self._submit(tr, r, self.clock.now)
+            self.rebalanced += self._rebalance(eng)  # it takes its share of the trajectories in flight
 
     def stop_worker(self, eng: EmulatedEngine, migrate: bool = True) -> None:
         """Stop a worker; its in-flight requests move (KV migration) or resume elsewhere (recompute)."""
@@ -224,6 +228,7 @@ class Simulator(SimTrainer):
                 spec = self.workload.trajectory(self.next_traj, g.gid, prompt, step=g.gid // rl_prompts)
                 tr = SimTrajectory(spec, f"t{self.next_traj}", self.clock.now, ctx=spec.prompt_tokens)
                 self.next_traj += 1
+                self.inflight[tr.id] = tr
                 self._start_turn(tr)
             self.gate.on_start(n)
             self._count_active(+n)
@@ -317,6 +322,7 @@ class Simulator(SimTrainer):
     def _finish_trajectory(self, tr: SimTrajectory) -> None:
         tr.t_end = self.clock.now
         tr.in_env = False
+        self.inflight.pop(tr.id, None)
         self.finished_recent.append(tr.spec)  # as it ran: the simulator's trajectories run their spec exactly
         self.finished_count += 1
         for e in (tr.home, tr.pre_home):
