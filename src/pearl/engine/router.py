@@ -16,6 +16,22 @@ from typing import Any
 from pearl.types import Role
 
 
+def take_share(on: dict[Any, list[Any]], new: Any) -> list[tuple[Any, Any]]:
+    """Rebalancing onto a worker that just joined: move items (trajectories) onto `new` until it holds
+    its share (all items // holders), each from the holder that has the most, popped from the end of
+    its list (callers sort what should move first last). Mutates `on`; returns (item, source) moves."""
+    share, moves = sum(map(len, on.values())) // len(on), []
+    others = [k for k in on if k != new]
+    while others and len(on[new]) < share:
+        src = max(others, key=lambda k: len(on[k]))
+        if len(on[src]) <= share:
+            break
+        item = on[src].pop()
+        on[new].append(item)
+        moves.append((item, src))
+    return moves
+
+
 def kv_pressure(e: Any) -> float:
     # KV hand-offs still in flight count too, or hand-offs finishing together all pick one worker
     incoming = getattr(e, "incoming_tokens", 0)

@@ -15,6 +15,7 @@ import dataclasses
 import zlib
 from typing import Any
 
+from pearl.engine.router import take_share
 from pearl.errors import PearlError
 from pearl.types import Role
 
@@ -92,16 +93,10 @@ class Routing:
         live = {i: {r.session: r.rid for r in self.engines[i].requests()} for i in targets if i != new}
         for i, eps in live.items():
             on[i].sort(key=lambda ep, inflight=eps: ep.traj.id in inflight)  # in flight last: popped first
-        share, moved = sum(map(len, on.values())) // len(targets), 0
-        while len(on[new]) < share:
-            src = max(live, key=lambda i: len(on[i]))
-            if len(on[src]) <= share:
-                break
-            ep = on[src].pop()
+        moves = take_share(on, new)
+        for ep, src in moves:
             self._move(src, new, ep, live[src].get(ep.traj.id))
-            on[new].append(ep)
-            moved += 1
-        return moved
+        return len(moves)
 
     def _move(self, src: int, dst: int, ep: Any, rid: str | None) -> None:
         """Episode `ep` continues on `dst`: its turn in flight (`rid`) with its KV where `src` can

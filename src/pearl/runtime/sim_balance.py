@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from pearl.engine.emulated import EmulatedEngine
+from pearl.engine.router import take_share
 from pearl.runtime.sim_records import SimTrajectory
 from pearl.types import Role
 
@@ -44,16 +45,10 @@ class SimBalance:
         busy = {e: {r.meta.id: r for r in e.requests()} for e in targets if e is not new}
         for e, reqs in busy.items():
             on[e].sort(key=lambda tr, reqs=reqs: tr.id in reqs)  # turns in flight last: popped first
-        share, moved = sum(map(len, on.values())) // len(targets), 0
-        while len(on[new]) < share:
-            src = max(busy, key=lambda e: len(on[e]))
-            if len(on[src]) <= share:
-                break
-            tr = on[src].pop()
+        moves = take_share(on, new)
+        for tr, src in moves:
             self._move(tr, src, new, busy[src].get(tr.id))
-            on[new].append(tr)
-            moved += 1
-        return moved
+        return len(moves)
 
     def _move(self, tr: SimTrajectory, src: EmulatedEngine, dst: EmulatedEngine, r: Any) -> None:
         t = self.clock.now
