@@ -303,9 +303,7 @@ class Run:
             self.batch_ready_t.append(self.control.clock.now)
         if not batch:  # every trajectory failed or was stale: no update, the run goes on
             return {"version": self.trainer.version, "reward_mean": None, "success_rate": None, "skipped": False}
-        # Busy from the moment it asks for its device: an idle-looking trainer between the return and
-        # the step would have its device lent again by the next tick (a race the tests caught).
-        self.training = True
+        self.training = True  # busy once it asks for its device: else a tick could lend it again before the step
         self.device_waits.append(self._post(TrainerNeedsDevices(), wait=True))  # a lent device comes back
         t0 = self.now()
         if self.control is not None:
