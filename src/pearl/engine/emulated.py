@@ -373,7 +373,7 @@ class EmulatedEngine:
                 heapq.heappop(self.heap)
                 k_d = (self.heap[0][0] - self.step) if self.heap else INF
             grow = B  # prefills reserved their whole prompt's KV at admission; decodes grow by 1
-            free = self.kv_capacity - (self.ctx_base + B * self.step + self.pre_reserved + self.idle_tokens + self.waiting_held)
+            free = self._free()
             k_kv = free // grow if grow else INF
             k = min(k_p, k_d, k_kv)
             if k >= 1 and k != INF:
