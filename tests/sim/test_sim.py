@@ -18,6 +18,7 @@ import pytest
 from pearl.config import ScenarioConfig, deep_merge, parse_config
 from pearl.engine.emulated import EmulatedEngine
 from pearl.runtime.sim import Simulator
+from pearl.types import LayoutShape
 from tests.helpers import deadline, unfinished_trajectories
 
 BASE = {"duration_s": 300, "cluster": {"rollout_devices": 2, "train_devices": 1},
@@ -188,3 +189,23 @@ def test_both_modes_reach_a_steady_state_without_a_fixed_winner(profile):
     for r in results:
         assert r["train_steps"] >= 3 and r["throughput"]["trajectories_per_s"] > 0
         assert r["trainer"]["wait_for_devices_s"] == 0.0  # a fixed layout never borrows
+
+
+@pytest.mark.parametrize("shape", [LayoutShape.colocated(2, 2), LayoutShape.disaggregated(1, 1, 2)],
+                         ids=["colocated", "1P:1D"])
+def test_a_layout_runs_the_same_whatever_tp_the_config_names(monkeypatch, shape):
+    """A tp2 layout reached from a tp1 configuration (as PEARL and plan-static reach theirs) must run
+    exactly as the same layout configured at tp2: weight pushes, KV hand-offs and migrations are timed
+    by the workers' own tp (they were timed by the configured one: a tp2 layout paid tp1's weight sync,
+    5% of s1-game's throughput)."""
+    from pearl.runtime.sim_control import SimControl
+    lay = ({"layout": {"mode": "colocated"}} if shape.mode.value == "colocated" else DISAGG)
+    over = {"cluster": {"rollout_devices": 4}, "duration_s": 200}
+    configured = Simulator(config(over, lay, {"engine": {"tp": 2}})).run()
+    started = SimControl._initial_layout
+    monkeypatch.setattr(SimControl, "_initial_layout", lambda self, _: started(self, shape))
+    reached = Simulator(config(over, {"engine": {"tp": 1}})).run()
+    assert reached["layout_final"] == configured["layout_final"] == str(shape)
+    assert configured["train_steps"] >= 3
+    assert [s["t_ready"] for s in reached["per_step"]] == [s["t_ready"] for s in configured["per_step"]]
+    assert reached["throughput"] == configured["throughput"]

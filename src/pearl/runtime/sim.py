@@ -42,7 +42,6 @@ class Simulator(SimTrainer, SimBalance):
         self.hw = get_hardware(cfg.cluster.hardware)
         self.perf = PerfModel(self.model, self.hw, tp=cfg.engine.tp, coeffs=twin_coeffs(cfg.twin),
                               memory_utilization=cfg.engine.memory_utilization)
-        self.kv_capacity = self.perf.kv_capacity_tokens()
         self._perfs: dict[int, PerfModel] = {cfg.engine.tp: self.perf}
         self.workload = twin_workload(cfg.twin) or Workload(cfg.workload, cfg.seed)
         rl = cfg.rl
@@ -106,6 +105,12 @@ class Simulator(SimTrainer, SimBalance):
 
     def node_of(self, dev: int) -> int:
         return self.state.devices[dev].node
+
+    def handoff_s(self, src: EmulatedEngine, dst: EmulatedEngine, tokens: int) -> float:
+        """KV of `tokens` tokens from `src` to `dst`: each rank sends its shard over its own link, so
+        the side with fewer ranks (the smaller tp) sets the pace (as the predictor assumes)."""
+        same = self.node_of(src.devices[0]) == self.node_of(dst.devices[0])
+        return self.perf_for(min(len(src.devices), len(dst.devices))).kv_transfer_time(max(tokens, 0), same)
 
     def start_worker(self, devices: tuple[int, ...], role: Role, load_s: float = 0.0) -> EmulatedEngine:
         t = self.clock.now
@@ -179,7 +184,7 @@ class Simulator(SimTrainer, SimBalance):
             return
         tr.migrations += 1
         self.migrated += 1
-        delay = self.perf.kv_transfer_time(r.num_tokens, self.node_of(src.devices[0]) == self.node_of(dst.devices[0]))
+        delay = self.handoff_s(src, dst, r.num_tokens)
         dst.incoming_tokens += r.num_tokens
         self.clock.at(t + delay, self._arrive_decode, tr, r, dst)
 
@@ -258,9 +263,8 @@ class Simulator(SimTrainer, SimBalance):
             held, home = eng.holds(tr.id), tr.home
             peer = home.holds(tr.id) if home is not None and home.accepting else 0
             if peer > held and peer > 0:
-                same = self.node_of(eng.devices[0]) == self.node_of(home.devices[0])
-                delay = self.perf.kv_transfer_time(peer - held, same)
-                if delay < self.perf.prefill_time(peer - held, held):
+                delay = self.handoff_s(home, eng, peer - held)
+                if delay < self.perf_for(len(eng.devices)).prefill_time(peer - held, held):
                     self.clock.at(t + delay, self._fetched, eng, r, peer)
                     return
         else:
@@ -293,9 +297,8 @@ class Simulator(SimTrainer, SimBalance):
                 return
             dst = pick_decode(cands, tr.id, tr.home, self.route_rng)
             missing = r.num_tokens - 1 - dst.holds(tr.id)
-            same = self.node_of(eng.devices[0]) == self.node_of(dst.devices[0])
             dst.incoming_tokens += r.num_tokens
-            self.clock.at(t + self.perf.kv_transfer_time(max(missing, 0), same), self._arrive_decode, tr, r, dst)
+            self.clock.at(t + self.handoff_s(eng, dst, missing), self._arrive_decode, tr, r, dst)
             return
         tr.generated += r.num_generated
         tr.ctx = r.num_tokens

@@ -61,9 +61,8 @@ class SimBalance:
         if decoding:  # its KV travels
             tr.migrations += 1
             self.migrated += 1
-            same = self.node_of(src.devices[0]) == self.node_of(dst.devices[0])
             dst.incoming_tokens += r.num_tokens
-            self.clock.at(t + self.perf.kv_transfer_time(r.num_tokens, same), self._arrive_decode, tr, r, dst)
+            self.clock.at(t + self.handoff_s(src, dst, r.num_tokens), self._arrive_decode, tr, r, dst)
             return
         tr.min_version = min(tr.min_version, dst.version)
         dst.submit(r, t)

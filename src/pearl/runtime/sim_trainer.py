@@ -185,11 +185,11 @@ class SimTrainer:
         self._maybe_train()
 
     def push_weights(self, version: int) -> None:
-        """Weight push: each worker stalls for the sync and serves `version` after it."""
+        """Weight push: each worker stalls for its sync (each rank receives its shard: the worker's own
+        tp sets the time, not the configured one) and serves `version` after it."""
         t = self.clock.now
-        sync = self.perf.weight_sync_time()
         for eng in list(self.engines.values()):
-            eng.pause(t, t + sync, version)
+            eng.pause(t, t + self.perf_for(len(eng.devices)).weight_sync_time(), version)
             if self.state.workers[eng.wid].phase is not WorkerPhase.STOPPED:
                 self.state.set_version(t, eng.wid, version)
 
