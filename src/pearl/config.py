@@ -17,7 +17,8 @@ from typing import Any, Literal, TypeVar
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
-from pearl.config_estimate import EstimateConfig
+from pearl.config_admission import AdmissionConfig
+from pearl.config_estimate import EstimateConfig  # (both kept apart so that this module stays small)
 from pearl.config_layout import check_layout, check_layout_fits, layout_shape
 from pearl.config_schedule import Schedule
 from pearl.config_twin import TwinConfig
@@ -26,8 +27,7 @@ from pearl.types import LayoutShape, Mode
 
 # ---------------------------------------------------------------- bounds (checked before any work)
 MAX_DEVICES = 65536  # devices in one pool (rollout, train, elastic); also `pearl plan --devices`
-MAX_DEVICES_PER_NODE = 256
-MAX_TP = 64  # tensor-parallel size
+MAX_DEVICES_PER_NODE, MAX_TP = 256, 64  # devices per node, tensor-parallel size
 TP_SIZES = (1, 2, 4, 8, 16, 32, 64)  # tensor-parallel sizes a policy may choose (powers of two)
 MAX_SEQS = 65536  # sequences an engine runs at once
 MAX_TOKENS = 10_000_000  # a context, a token budget, a KV capacity
@@ -237,6 +237,7 @@ class ControllerConfig(Frozen):
     # Expected stay of an elastic device without a notice before any lifetime was observed (prior).
     elastic_stay_s: float = Field(default=3600.0, gt=0, le=MAX_DURATION_S)
     estimate: EstimateConfig = EstimateConfig()
+    admission: AdmissionConfig = AdmissionConfig()  # the in-flight cap (`control.admission`)
     # The switching gate: hysteresis band (relative), streak for marginal candidates, and how many
     # bands make a candidate "clear" (taken at once).
     hysteresis: float = Field(default=0.05, ge=0, le=1e6)
@@ -260,6 +261,7 @@ class PolicyConfig(Frozen):
     borrow: bool = True
     elastic: bool = True
     adapt_pd: bool = True
+    adapt_cap: bool = True  # PEARL chooses the cap on trajectories in flight (`control.admission`)
     incremental: bool = True
     cost_aware: bool = True
     return_bound_s: float = Field(default=5.0, ge=0, le=MAX_DURATION_S)  # max trainer wait for a borrowed device

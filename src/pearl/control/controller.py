@@ -22,12 +22,14 @@ from dataclasses import dataclass, replace
 from typing import Callable
 
 from pearl.config import EngineConfig, PolicyConfig
+from pearl.control.admission import AdmissionControl
 from pearl.control.borrowing import BorrowPlanner
 from pearl.control.estimate import LifetimeEstimator, WorkloadEstimator
 from pearl.control.lending import RETURNED, Lending, next_batch_at
 from pearl.control.lending import serves as _valid
 from pearl.control.observation import (Decision, DeviceObs, DevicesAdded, DevicesRemoved, Effects, Event, Flip,
-                                       Notice, Observation, Redecide, Start, Stop, TrainerIdle, TrainerNeedsDevices)
+                                       Notice, Observation, Redecide, SetCap, Start, Stop, TrainerIdle,
+                                       TrainerNeedsDevices)
 from pearl.control.planner import (DeviceView, Plan, StepKind, TransitionCosts, WorkerView, plan_full_restart,
                                    plan_transition)
 from pearl.control.predictor import BatchState, Prediction, WorkloadStats, predict_many, prepare
@@ -36,7 +38,7 @@ from pearl.control.selector import select
 from pearl.control.switching import SwitchGate
 from pearl.errors import ResourceError
 from pearl.perf.roofline import PerfModel
-from pearl.types import DeviceStatus, LayoutShape, Pool, WorkerPhase
+from pearl.types import DeviceStatus, LayoutShape, Pool, Role, WorkerPhase
 
 __all__ = ["ControlSetting", "Controller"]
 
@@ -56,6 +58,8 @@ class ControlSetting:
     num_kv_heads: int
     train_devices: tuple[int, ...] = ()
     cold_start_s: float = 0.0  # a worker's first start on an elastic device (process, weight pull, warm-up)
+    group_size: int = 1  # trajectories admitted together (one prompt's samples)
+    max_concurrent: int | None = None  # the configured cap on trajectories in flight (None: none)
 
 
 class Controller(Lending):
@@ -67,6 +71,7 @@ class Controller(Lending):
     cost_model = True  # gate switches and lends on predicted gain vs cost
     return_migrate = True  # vacate lent devices by token-level migration with KV (else recompute)
     absorbs_elastic = True  # decide when elastic devices arrive
+    adapt_cap = True  # choose the cap on trajectories in flight (`control.admission`)
 
     def __init__(self, policy: PolicyConfig, setting: ControlSetting):
         self.cfg, self.k, self.setting = policy, policy.controller, setting
@@ -95,6 +100,10 @@ class Controller(Lending):
         self._max_active = 0.0
         self._mark: tuple | None = None  # (t, shape, tokens, changes, full, active integral) at the last tick
         self._changes = 0  # layout changes made by this controller (a measurement spans none)
+        self._avg_active, self._steady = 0.0, False  # since the last tick: trajectories in flight, same layout
+        self.admission = (AdmissionControl(k.admission, (setting.staleness + 1) * setting.batch_size,
+                                           setting.group_size, setting.max_concurrent)
+                          if self.adapt_cap and policy.adapt_cap else None)
 
     # ------------------------------------------------------------------ entry points
     def first_tick_t(self) -> float | None:
@@ -110,6 +119,12 @@ class Controller(Lending):
             lend = self._lend(obs, "periodic: trainer idle, nothing lent")  # e.g. before the first batch
             eff.actions += lend.actions
             eff.decisions += lend.decisions
+        if self.admission is not None and (cap := self.admission.observe(
+                obs.t, obs.kv_evictions, obs.requests_finished, obs.finished_count, self._avg_active, self._steady,
+                sum(len(w.devices) for w in obs.workers if w.role is not Role.PREFILL))) is not None:
+            eff.actions.append(SetCap(cap[0]))
+            eff.decisions.append(Decision(t=obs.t, trigger="periodic", kind="admission", switch=False, reason=cap[1],
+                                          rule="cap", chosen=str(cap[0]), estimate=self.workload.summary()))
         eff.next_tick_t = obs.t + self.cfg.decision_interval_s
         return eff
 
@@ -192,15 +207,17 @@ class Controller(Lending):
             # "full": the time-averaged number of trajectories in flight is near the most this run has
             # had (the staleness gate, not the layout, sets that level), so shapes are compared at the
             # same demand, not in a batch's tail
-            avg = (obs.active_integral - m[5]) / (t - m[0])
+            self._avg_active = avg = (obs.active_integral - m[5]) / (t - m[0])
             self._max_active = max(self._max_active, avg)
-            full = avg >= self.k.full_pipeline_share * self._max_active
+            cap = self.admission.cap if self.admission is not None else None  # (a cap lowers the level)
+            full = avg >= self.k.full_pipeline_share * min(self._max_active, cap or math.inf)
         if m is not None and full and m[1] == shape and m[3] == self._changes and _valid(shape):
             pred = self._predict([shape])[0]
             period = pred.completion_s / (self.setting.staleness + 1)  # one batch's share of the pipeline
             self.refit.span_s = self.k.refit_span_batches * period
             self.refit.half_life_s = self.k.refit_half_life_batches * period
             self.refit.observe(shape, tokens - m[2], t - m[0], pred.tokens_per_s)
+        self._steady = m is not None and m[1] == shape and m[3] == self._changes  # (no switch, lend or return)
         self._mark = (t, shape, tokens, self._changes, full, obs.active_integral)
 
     # ------------------------------------------------------------------ deciding

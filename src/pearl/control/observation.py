@@ -24,7 +24,7 @@ from pearl.types import DeviceStatus, LayoutShape, Pool, Role, WorkerPhase
 from pearl.workloads import TrajectorySpec
 
 __all__ = ["Action", "Decision", "DeviceObs", "DevicesAdded", "DevicesRemoved", "Effects", "Event", "Flip",
-           "Lend", "Notice", "Observation", "Reclaim", "Redecide", "Start", "Stop", "TrainerIdle",
+           "Lend", "Notice", "Observation", "Reclaim", "Redecide", "SetCap", "Start", "Stop", "TrainerIdle",
            "TrainerNeedsDevices", "TrainerObs", "WorkerObs"]
 
 
@@ -72,6 +72,12 @@ class Observation:
     # and how many have finished since the start (a counter): what the workload estimate learns from.
     finished: tuple[TrajectorySpec, ...] = ()
     finished_count: int = 0
+    # KV pressure (counters since the start, on the decode-capable workers: a prefill worker's retained
+    # copy is a spare): sessions whose idle KV was evicted (their next turn recomputes the context) and
+    # requests finished there; the trajectories in flight now.
+    kv_evictions: int = 0
+    requests_finished: int = 0
+    in_flight: int = 0
 
     def workers_on(self, devs: tuple[int, ...] | list[int]) -> list[WorkerObs]:
         ds = set(devs)
@@ -156,7 +162,14 @@ class Reclaim:
     devices: tuple[int, ...]
 
 
-Action = Union[Start, Stop, Flip, Lend, Reclaim]
+@dataclass(frozen=True, slots=True)
+class SetCap:
+    """Admit at most `cap` trajectories in flight (None: the staleness gate alone)."""
+
+    cap: int | None
+
+
+Action = Union[Start, Stop, Flip, Lend, Reclaim, SetCap]
 
 
 # ---------------------------------------------------------------- decisions

@@ -36,6 +36,7 @@ class PlanStatic(Controller):
     adapt_pd = True  # the plan chooses mode, ratio and tp, as `pearl plan` ranks them
     cost_model = False
     absorbs_elastic = False
+    adapt_cap = False  # a static layout with the configured cap, as a user would run it
 
     def __init__(self, policy, setting):
         super().__init__(policy, setting)

@@ -47,6 +47,7 @@ class RLBoostPlus(Controller):
     name = "rlboost+"
     adapt_pd = False
     cost_model = False
+    adapt_cap = False  # its cap is tuned before the run (`runtime.tuning`), like every baseline's
 
 
 class RollPartial(Controller):
@@ -57,6 +58,7 @@ class RollPartial(Controller):
     cost_model = False
     return_migrate = False
     absorbs_elastic = False
+    adapt_cap = False
 
     def decide(self, obs: Observation, why: str) -> Effects:
         if why == "periodic":  # re-lays out only when the budget changes (a return)

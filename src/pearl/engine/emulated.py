@@ -110,10 +110,7 @@ class EmulatedEngine:
         self.paused_until = 0.0
         self.accepting = True
         # current segment
-        self.seg_t0 = 0.0
-        self.seg_k = 0
-        self.seg_dt = 0.0
-        self.seg_chunk = 0
+        self.seg_t0, self.seg_k, self.seg_dt, self.seg_chunk = 0.0, 0, 0.0, 0
         self.end_t = INF
         self.gen = 0  # bumps on every re-plan; the simulator drops heap entries of older gens
         self.on_plan: Callable[["EmulatedEngine"], None] | None = None  # told of each new segment end
@@ -125,7 +122,8 @@ class EmulatedEngine:
         self.tokens_decoded = 0
         self.tokens_prefilled = 0
         self.preemptions = 0
-        self.evictions = 0
+        self.evictions = 0  # sessions whose KV was evicted (their next turn recomputes the context)
+        self.finished = 0  # requests finished here
 
     # ------------------------------------------------------------------ views
     @property
@@ -281,6 +279,7 @@ class EmulatedEngine:
 
     def _finish(self, r: Request, t: float) -> None:
         r.status = RequestStatus.FINISHED
+        self.finished += 1
         # keep the session's KV for its next turn (prefix reuse), evictable
         self.idle[r.session] = r.num_tokens - 1
         self.idle_tokens += r.num_tokens - 1

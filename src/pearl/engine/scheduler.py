@@ -45,6 +45,7 @@ class Scheduler:
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.preemptions = 0
+        self.evictions = 0  # idle sessions whose KV was evicted to make room
 
     # ------------------------------------------------------------------ queue changes
     def add(self, req: Request) -> None:
@@ -107,7 +108,7 @@ class Scheduler:
             if (req.status is not RequestStatus.RUNNING or budget < 1
                     or not self.blocks.can_grow(req.session, req.num_computed + 1)):
                 continue
-            self.blocks.grow(req.session, req.num_computed + 1)
+            self.evictions += len(self.blocks.grow(req.session, req.num_computed + 1))
             batch.items.append((req, 1))
             batch.n_decode += 1
             batch.decode_context += req.num_tokens
@@ -124,7 +125,7 @@ class Scheduler:
             if not self.blocks.can_grow(req.session, req.num_tokens):
                 break  # FIFO: do not let later requests overtake (no starvation)
             self.waiting.popleft()
-            self.blocks.grow(req.session, req.num_tokens)  # reserve the whole prompt
+            self.evictions += len(self.blocks.grow(req.session, req.num_tokens))  # reserve the whole prompt
             req.status = RequestStatus.RUNNING
             self.running.append(req)
             budget = self._add_chunk(batch, req, budget)

@@ -222,6 +222,7 @@ class TorchEngine:
         st.cpu_s += time.thread_time() - c0
         st.tokens_decoded += batch.n_decode
         st.tokens_prefilled += batch.prefill_tokens
+        st.evictions = self.scheduler.evictions
         if self.log_steps:
             st.step_log.append((batch.n_decode, batch.decode_context, batch.prefill_tokens, dt))
         outs = []

@@ -83,6 +83,7 @@ class EngineStats:
     cpu_s: float = 0.0  # CPU time of the stepping thread in those steps (busy_s / cpu_s: waits for cores, GIL)
     finished: int = 0
     aborted: int = 0
+    evictions: int = 0  # sessions whose retained KV was evicted to make room (their next turn recomputes)
     step_log: list[tuple[int, int, int, float]] = field(default_factory=list)  # (n_decode, ctx, prefill, s)
 
 

@@ -30,6 +30,7 @@ ABLATIONS: dict[str, dict[str, Any]] = {
     "pearl -borrowing": {"borrow": False},
     "pearl -elasticity": {"elastic": False},
     "pearl -cost-aware": {"cost_aware": False},
+    "pearl -in-flight cap": {"adapt_cap": False},
     "pearl full restarts": {"incremental": False},
     "pearl tp pinned": {"tps": None},  # filled with [engine.tp] per scenario
 }

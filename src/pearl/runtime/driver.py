@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from pearl.control.observation import Effects, Event, Flip, Lend, Observation, Reclaim, Start, Stop
+from pearl.control.observation import Effects, Event, Flip, Lend, Observation, Reclaim, SetCap, Start, Stop
 from pearl.runtime.clock import Clock
 from pearl.types import Role
 
@@ -34,6 +34,8 @@ class Actuators(Protocol):
     def lend(self, devices: tuple[int, ...], deadline: float) -> None: ...
 
     def reclaim(self, devices: tuple[int, ...]) -> None: ...
+
+    def set_cap(self, cap: int | None) -> None: ...
 
 
 class ControlDriver:
@@ -91,6 +93,8 @@ class ControlDriver:
                 act.lend(a.devices, a.deadline)
             elif isinstance(a, Reclaim):
                 act.reclaim(a.devices)
+            elif isinstance(a, SetCap):
+                act.set_cap(a.cap)
         if eff.next_tick_t is not None:
             at(eff.next_tick_t, self.tick)
         if eff.then is not None:

@@ -110,8 +110,8 @@ class Run:
         if cfg.backend == "local":
             self.engines = [self._engine(r, i) for i, r in enumerate(roles)]
         self._trainer(allowed)
+        self.gate = StalenessGate(cfg.batch_size, cfg.staleness)  # (before the loop: its controller sets the cap)
         self._loop(roles, lambda: load_env(cfg.env.name, **env_kwargs))
-        self.gate = StalenessGate(cfg.batch_size, cfg.staleness)
         self.lock = threading.Lock()
         self.finished: dict[int, Any] = {}  # gid -> finished group, not yet taken by the trainer
         self.open: dict[int, int] = {}  # gid -> env seed of every admitted group not yet finished
@@ -188,7 +188,7 @@ class Run:
             live = self.agent.live()
             return self._engine(role, idx, share=self.agent.engines[live[0]] if live else None)
 
-        self.control = RealControl(self.agent, cfg.policy, self.setting, make_engine, self._trainer_obs)
+        self.control = RealControl(self.agent, cfg.policy, self.setting, make_engine, self._trainer_obs, gate=self.gate)
         self.control.elastic(cfg.elastic, cfg.seed)
 
     def _post(self, ev: Any, wait: bool) -> float:

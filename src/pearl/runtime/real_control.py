@@ -42,10 +42,11 @@ __all__ = ["RealControl"]
 
 class RealControl:
     def __init__(self, agent: Any, policy: Any, setting: Any, make_engine: Callable[[Role, int, Any], Any],
-                 trainer: Callable[[], TrainerObs], clock: WallClock | None = None):
+                 trainer: Callable[[], TrainerObs], clock: WallClock | None = None, gate: Any = None):
         """`agent`: the AgentLoop; `make_engine(role, idx, node)`: a new engine for a start (`node`: the
-        Ray node id of the elastic devices it starts on, else None); `trainer()`: the trainer's state now."""
-        self.agent, self.make_engine, self.trainer = agent, make_engine, trainer
+        Ray node id of the elastic devices it starts on, else None); `trainer()`: the trainer's state now;
+        `gate`: the run's staleness gate, whose cap `set_cap` sets."""
+        self.agent, self.make_engine, self.trainer, self.gate = agent, make_engine, trainer, gate
         self.clock = clock or WallClock()
         self.state = ClusterState(check=False)
         n = len(agent.engines)
@@ -123,10 +124,13 @@ class RealControl:
             phase = WorkerPhase.SERVING if getattr(e, "ready", True) else WorkerPhase.LOADING
             workers.append(WorkerObs(w.id, w.devices, Role(e.role), phase, idx not in ag.draining,
                                      e.load(), e.kv_used()))
-        tokens = sum(e.stats.tokens_decoded for e in ag.engines)
-        return Observation(t, devices, tuple(workers), self.state.shape(), self.trainer(), tokens_generated=tokens,
+        stats = [e.stats for e in ag.engines]
+        kv = [e.stats for e in ag.engines if Role(e.role) is not Role.PREFILL]  # (a prefill worker's copy is a spare)
+        return Observation(t, devices, tuple(workers), self.state.shape(), self.trainer(),
+                           tokens_generated=sum(s.tokens_decoded for s in stats),
                            active_integral=self._active_integral, finished=tuple(ag.finished),
-                           finished_count=ag.finished_count)
+                           finished_count=ag.finished_count, kv_evictions=sum(s.evictions for s in kv),
+                           requests_finished=sum(s.finished for s in kv), in_flight=len(ag.episodes))
 
     # ------------------------------------------------------------------ actuators
     def start(self, devices: tuple[int, ...], role: Role, load_s: float) -> None:
@@ -182,6 +186,10 @@ class RealControl:
         with self.lock:
             for d in devices:
                 self.state.reclaim(self.clock.now, d)
+
+    def set_cap(self, cap: int | None) -> None:
+        if self.gate is not None:  # the rollout thread reads it at its next admission
+            self.gate.max_concurrent = cap
 
     def begin(self) -> None:
         """On the rollout thread, as the run starts: the controller's first tick, the node watch."""

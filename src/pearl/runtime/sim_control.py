@@ -41,7 +41,8 @@ class SimControl:
                 perf_for=sim.perf_for, engine=sim.cfg.engine, stats=stats, batch_size=sim.batch_trajs,
                 staleness=sim.cfg.rl.staleness, devices_per_node=sim.cfg.cluster.devices_per_node,
                 num_kv_heads=sim.model.num_kv_heads, train_devices=tuple(sim.train_devices),
-                cold_start_s=self.cold_start_s(sim.cfg.engine.tp))
+                cold_start_s=self.cold_start_s(sim.cfg.engine.tp), group_size=sim.cfg.rl.group_size,
+                max_concurrent=sim.cfg.rl.max_concurrent_trajectories)
         ctrl = make_controller(policy, setting)
         plan = getattr(ctrl, "initial_shape", None)  # a policy that plans its layout before the run
         self._initial_layout(plan(len(sim.rollout_devices)) if plan else None)
@@ -95,10 +96,13 @@ class SimControl:
                                   e.kv_used()) for e in sim.engines.values())
         trainer = TrainerObs(sim.trainer_busy, len(sim.ready), sim.cfg.rl.prompts_per_batch,
                              tuple(sim.batch_ready_t[-4:]), tuple(sim.train_devices))
+        kv = [e for e in sim.all_engines if e.role is not Role.PREFILL]  # (a prefill worker's copy is a spare)
         return Observation(sim.clock.now, devices, workers, st.shape(), trainer,
                            tokens_generated=sum(e.tokens_decoded for e in sim.all_engines),
                            active_integral=sim.active_integral, finished=tuple(sim.finished_recent),
-                           finished_count=sim.finished_count)
+                           finished_count=sim.finished_count,
+                           kv_evictions=sum(e.evictions for e in kv), requests_finished=sum(e.finished for e in kv),
+                           in_flight=sim.active)
 
     # ------------------------------------------------------------------ actuators
     def start(self, devices: tuple[int, ...], role: Role, load_s: float) -> None:
@@ -132,6 +136,10 @@ class SimControl:
     def reclaim(self, devices: tuple[int, ...]) -> None:
         for d in devices:
             self.sim.state.reclaim(self.sim.clock.now, d)
+
+    def set_cap(self, cap: int | None) -> None:
+        self.sim.gate.max_concurrent = cap
+        self.sim._admit()  # a raised cap admits at once
 
     # ------------------------------------------------------------------ elastic devices
     def elastic_add(self, b) -> None:

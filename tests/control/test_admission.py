@@ -1,0 +1,120 @@
+"""Admission control: PEARL's in-flight cap from the KV-eviction signal (`pearl.control.admission`)."""
+from __future__ import annotations
+
+from pearl.config_admission import AdmissionConfig
+from pearl.control.admission import AdmissionControl
+
+K = AdmissionConfig()  # high 10%, low 2%, decrease 0.85, step 1/32 of the pipeline, floor 1/8, patience 2
+
+
+def _ctl(ceiling=None) -> AdmissionControl:
+    return AdmissionControl(K, pipeline=512, group=8, ceiling=ceiling)  # step 16, floor 64
+
+
+class Feed:
+    """Counters that grow by `evict` evictions per 100 finished requests each 30-s reading."""
+
+    def __init__(self, ctl: AdmissionControl, devices: int = 8):
+        self.ctl, self.t, self.ev, self.req, self.traj, self.devices = ctl, 0.0, 0, 0, 0, devices
+
+    def __call__(self, evict: int, in_flight: float, steady: bool = True, traj: int = 20):
+        self.t += 30
+        self.ev, self.req, self.traj = self.ev + evict, self.req + 100, self.traj + traj
+        return self.ctl.observe(self.t, self.ev, self.req, self.traj, in_flight, steady, self.devices)
+
+
+def test_a_calm_cache_is_never_capped():
+    ctl = _ctl()
+    feed = Feed(ctl)
+    assert all(feed(evict=1, in_flight=512) is None for _ in range(50))
+    assert ctl.cap is None
+
+
+def test_thrashing_lowers_the_cap_to_a_share_of_what_was_in_flight_then_waits_for_the_drain():
+    ctl = _ctl()
+    feed = Feed(ctl)
+    assert feed(0, 500) is None  # the first reading only marks the counters
+    cap, reason = feed(evict=40, in_flight=400)
+    assert cap == ctl.cap == 340 and "40% of finished requests" in reason and "at most 340" in reason
+    assert feed(evict=40, in_flight=390) is None  # still 390 in flight: the cap has not bitten yet
+    cap, _ = feed(evict=40, in_flight=345)
+    assert cap == int(0.85 * 340)
+    for _ in range(40):  # it never goes below the floor, whatever the signal
+        feed(evict=90, in_flight=ctl.cap)
+    assert ctl.cap == 64
+
+
+def test_a_calm_cache_raises_the_cap_step_by_step_once_a_trajectory_life_has_passed():
+    ctl = _ctl()
+    feed = Feed(ctl)
+    feed(0, 500)
+    feed(evict=50, in_flight=200)
+    assert ctl.cap == 170
+    # life by Little's law: 170 in flight, 20 trajectories per 30 s -> 255 s; two calm readings are not enough
+    assert feed(0, 170) is None and feed(0, 170) is None
+    got = [feed(0, 170) for _ in range(8)]
+    raised = [g for g in got if g is not None]
+    assert raised and raised[0][0] == 186 and "a trajectory's mean life" in raised[0][1]
+    # at the gate's level the cap is lifted altogether
+    for _ in range(400):
+        feed(0, ctl.cap if ctl.cap is not None else 512)
+        if ctl.cap is None:
+            break
+    assert ctl.cap is None
+
+
+def test_a_configured_cap_is_a_ceiling():
+    ctl = _ctl(ceiling=256)
+    feed = Feed(ctl)
+    assert ctl.cap == 256
+    feed(0, 256)
+    assert feed(evict=30, in_flight=256)[0] == int(0.85 * 256)
+    for _ in range(400):
+        feed(0, ctl.cap)
+    assert ctl.cap == 256  # back up to the ceiling, never None, never above
+
+
+def test_an_interval_with_a_layout_change_is_not_read():
+    ctl = _ctl()
+    feed = Feed(ctl)
+    feed(0, 500)
+    assert feed(evict=80, in_flight=500, steady=False) is None  # a switch or a lend evicted by itself
+    assert ctl.cap is None
+    assert feed(evict=1, in_flight=500) is None and ctl.cap is None
+
+
+def test_the_cap_scales_with_the_devices_that_hold_kv():
+    ctl = _ctl()
+    feed = Feed(ctl, devices=8)
+    feed(0, 500)
+    feed(evict=50, in_flight=200)
+    assert ctl.cap == 170
+    feed.devices = 16  # the trainer's 8 devices lent: twice the KV
+    cap, reason = feed(evict=1, in_flight=170)
+    assert cap == 340 and "16 devices hold KV (were 8)" in reason
+    feed.devices = 8  # handed back
+    assert feed(evict=1, in_flight=300)[0] == 170
+
+
+def test_pearl_caps_a_thrashing_simulation_and_the_gate_follows():
+    """s1-swe (512 trajectories in flight on 8 devices: the KV cache thrashes): PEARL lowers the cap
+    (decisions of kind "admission"), the simulator's gate holds the last cap, nothing is lost; with
+    `policy.adapt_cap: false` nothing is capped."""
+    from pathlib import Path
+
+    from pearl.config import ScenarioConfig, load_config
+    from pearl.runtime.sim import Simulator
+    from tests.control.test_policies_sim import live_trajectories
+
+    root = Path(__file__).resolve().parents[2]
+    over = {"duration_s": 1500, "policy": {"name": "pearl", "borrow": False}}
+    sim = Simulator(load_config(root / "scenarios" / "s1-swe-qwen3-8b.yaml", ScenarioConfig, over))
+    sim.run()
+    caps = [d for d in sim.driver.decisions if d["kind"] == "admission"]
+    assert any("evicted a session's KV" in d["reason"] for d in caps)  # (others: scaled to a new layout's devices)
+    assert sim.gate.max_concurrent == int(caps[-1]["chosen"]) < 512
+    assert sim.next_traj == sim.trained_trajs + sim.discarded + len(live_trajectories(sim))
+    over["policy"]["adapt_cap"] = False
+    off = Simulator(load_config(root / "scenarios" / "s1-swe-qwen3-8b.yaml", ScenarioConfig, over))
+    off.run()
+    assert off.gate.max_concurrent is None and not [d for d in off.driver.decisions if d["kind"] == "admission"]
