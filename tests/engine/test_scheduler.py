@@ -126,3 +126,29 @@ def test_abort_keeping_kv_retains_exactly_the_computed_tokens():
     assert again.num_computed == 100 and "a" not in s.blocks.idle
     s.abort(again)  # released
     assert s.blocks.held("a") == 0 and s.blocks.used_blocks == 0
+
+
+def test_prefixes_held_by_queued_requests_give_way_so_the_engine_never_sticks():
+    """Queued requests that found their session's KV retained pin it; when a lone running decode (or
+    the queue's head) then has no room, those prefixes are evicted, newest first (they compute from
+    0), as the emulated engine does. Before, the engine stopped with "needs KV for N tokens but the
+    engine holds M" although M was far larger than N."""
+    s = Scheduler(Role.MIXED, BlockManager(12, 16), max_batched_tokens=512)  # 192 tokens
+    for sid in ("b", "c"):  # two sessions finish a turn and keep 64 tokens each (8 blocks)
+        r = Request(0, sid, 64, 1)
+        s.add(r)
+        while s.has_work():
+            run_step(s)
+    lone = Request(1, "a", 60, 100)  # 4 blocks: all that is left; it must grow to 160 tokens
+    s.add(lone)
+    run_step(s)
+    nxt_b, nxt_c = Request(2, "b", 80, 5), Request(3, "c", 80, 5)  # next turns: their prefixes are pinned
+    s.add(nxt_b)
+    s.add(nxt_c)
+    assert nxt_b.num_computed == 64 and nxt_c.num_computed == 64
+    for _ in range(2000):
+        if not s.has_work():
+            break
+        assert run_step(s) is not None, "stuck: nothing scheduled with work queued"
+    assert all(r.status is RequestStatus.FINISHED for r in (lone, nxt_b, nxt_c))
+    assert s.evictions >= 1

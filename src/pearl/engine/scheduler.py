@@ -102,11 +102,11 @@ class Scheduler:
         for req in list(self.running):
             if req.status is not RequestStatus.RUNNING or not req.decoding:
                 continue
-            while (not self.blocks.can_grow(req.session, req.num_computed + 1) and len(self.running) > 1
+            while (not self._room(req.session, req.num_computed + 1) and len(self.running) > 1
                    and req.status is RequestStatus.RUNNING):
                 self._preempt(self.running[-1])
             if (req.status is not RequestStatus.RUNNING or budget < 1
-                    or not self.blocks.can_grow(req.session, req.num_computed + 1)):
+                    or not self._room(req.session, req.num_computed + 1)):
                 continue
             self.evictions += len(self.blocks.grow(req.session, req.num_computed + 1))
             batch.items.append((req, 1))
@@ -122,7 +122,7 @@ class Scheduler:
             budget = self._add_chunk(batch, req, budget)
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
             req = self.waiting[0]
-            if not self.blocks.can_grow(req.session, req.num_tokens):
+            if not self._room(req.session, req.num_tokens):
                 break  # FIFO: do not let later requests overtake (no starvation)
             self.waiting.popleft()
             self.evictions += len(self.blocks.grow(req.session, req.num_tokens))  # reserve the whole prompt
@@ -142,6 +142,23 @@ class Scheduler:
         """Account for a step that ran (sampled tokens were already appended by the engine)."""
         for req, n in batch.items:
             req.num_computed += n
+
+    # ------------------------------------------------------------------ making room
+    def _room(self, session: str, tokens: int) -> bool:
+        """Whether `session` can hold `tokens`: idle sessions are evicted first (`BlockManager.grow`),
+        then the prefixes that queued requests hold, newest first (they then compute from 0, as in the
+        emulated engine). Without the second, prefixes pinned by queued requests could leave a lone
+        running decode, or the queue's head, no room and nothing to preempt: a stuck engine."""
+        if self.blocks.can_grow(session, tokens):
+            return True
+        for r in reversed(self.waiting):
+            if r.session != session and r.num_computed > 0 and self.blocks.held(r.session):
+                self.blocks.release(r.session)
+                r.num_computed = 0
+                self.evictions += 1
+                if self.blocks.can_grow(session, tokens):
+                    return True
+        return False
 
     # ------------------------------------------------------------------ preemption
     def _preempt(self, req: Request) -> None:
