@@ -118,3 +118,13 @@ def test_pearl_caps_a_thrashing_simulation_and_the_gate_follows():
     off = Simulator(load_config(root / "scenarios" / "s1-swe-qwen3-8b.yaml", ScenarioConfig, over))
     off.run()
     assert off.gate.max_concurrent is None and not [d for d in off.driver.decisions if d["kind"] == "admission"]
+
+
+def test_the_cap_never_goes_below_one_group():
+    """The gate admits whole groups: a cap below one would admit nothing, ever (a hang)."""
+    ctl = AdmissionControl(K, pipeline=24, group=4)  # 1/8 of the pipeline is 3 < 4
+    feed = Feed(ctl)
+    feed(0, 24)
+    for _ in range(30):
+        feed(evict=90, in_flight=ctl.cap or 24)
+    assert ctl.cap == 4

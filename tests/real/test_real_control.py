@@ -124,3 +124,19 @@ def test_the_trainers_device_is_lent_while_it_waits_and_back_before_it_trains(tm
     _books_balance(s)
     ev = json.loads((tmp_path / "trace.json").read_text())["traceEvents"]
     assert any(e["ph"] == "X" and e["name"] == "lent" for e in ev)
+
+
+def test_a_thrashing_kv_cache_is_capped_for_real(tmp_path):
+    """A KV cache of 2000 tokens for 24 gridworld trajectories allowed in flight (η = 2): the engine
+    evicts idle sessions, PEARL lowers the cap on trajectories in flight (`control.admission`) on the
+    real staleness gate, the decision is saved with its reason, and nothing is lost."""
+    s = _run(tmp_path, rollout_workers=1, staleness=2, engine={"kv_capacity_tokens": 2000},
+             policy={**FAST["policy"], "controller": {"admission": {"min_requests": 8}}})
+    caps = [d for d in s["decisions"] if d["kind"] == "admission"]
+    assert caps and "evicted a session's KV" in caps[0]["reason"]
+    assert int(caps[0]["chosen"]) < 24
+    assert all(int(d["chosen"]) >= 4 for d in caps)  # never below a group: the gate admits whole groups
+    saved = json.loads((tmp_path / "summary.json").read_text())
+    assert [d for d in saved["decisions"] if d["kind"] == "admission"] == caps
+    assert s["steps"] == 6
+    _books_balance(s)

@@ -58,7 +58,7 @@ class ControlSetting:
     num_kv_heads: int
     train_devices: tuple[int, ...] = ()
     cold_start_s: float = 0.0  # a worker's first start on an elastic device (process, weight pull, warm-up)
-    group_size: int = 1  # trajectories admitted together (one prompt's samples)
+    group_size: int = 1  # trajectories admitted together (one prompt's samples): a cap is never below it
     max_concurrent: int | None = None  # the configured cap on trajectories in flight (None: none)
 
 

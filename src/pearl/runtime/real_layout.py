@@ -119,7 +119,7 @@ def control_setting(cfg: TrainConfig, loaded: Any, stats: WorkloadStats) -> tupl
     engine = EngineConfig(tp=1, max_num_seqs=cfg.engine.max_num_seqs, max_batched_tokens=cfg.engine.max_batched_tokens)
     setting = ControlSetting(perf_for=perf_for, engine=engine, stats=stats, batch_size=cfg.batch_size,
                              staleness=cfg.staleness, devices_per_node=cfg.rollout_workers,
-                             num_kv_heads=pm.model.num_kv_heads)
+                             num_kv_heads=pm.model.num_kv_heads, group_size=cfg.group_size)
     return setting, source
 
 
