@@ -283,7 +283,6 @@ def predict_many(shapes: Sequence[LayoutShape], perfs: Sequence[PerfModel], engi
     T = r["T"]
     comp = _expected_max(T, r["sigma"], reps, grid_points)
     gen = float((reps.w * (reps.work["Dn"] + reps.work["K"])).sum())
-    mean_T = (T * reps.w).sum(1) / reps.w.sum()  # a trajectory's mean life: Little's law's W
     out = []
     for i, s in enumerate(shapes):
         j = int(np.argmin(np.abs(T[i] - comp[i])))  # the critical trajectory: the one ending nearest
@@ -293,8 +292,7 @@ def predict_many(shapes: Sequence[LayoutShape], perfs: Sequence[PerfModel], engi
         out.append(Prediction(float(comp[i]), gen / float(comp[i]), float(r["concurrency"][i]),
                               max(terms, key=terms.get),
                               dict(critical_path=terms, critical_T=float(T[i, j]), spread_s=float(r["sigma"][i, j]),
-                                   evicted_share=float(r["evict"][i]), iterations=r["iters"],
-                                   mean_life_s=float(mean_T[i]))))
+                                   evicted_share=float(r["evict"][i]), iterations=r["iters"])))
     return out
 
 
