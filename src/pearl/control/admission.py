@@ -9,8 +9,9 @@ request, over the ticks since the last reading. Above `high` the cap becomes `de
 trajectories in flight (once the current cap has been reached); below `low`, after `patience` calm
 readings at the cap, and once a trajectory's mean life has passed since the last change (the
 signal lags the cap: a trajectory admitted now evicts others only as its context grows, turns
-later), it rises by one step, back to no cap at the gate's level. Between the two it holds. Model-free on purpose: the predictor's eviction term is optimistic in exactly this regime (it
-puts the cliff near 192 in flight where the simulator falls at ~150).
+later), it rises by one step, back to no cap at the gate's level. Between the two it holds. Model-free on purpose: the predictor's eviction term is optimistic in exactly this regime (on
+s1-swe at tp2 it sees no eviction up to 160 in flight, where the simulator already evicts and runs
+6% below its best cap, 128: `benchmarks/cap_cliff.py`), and the cache it measures is the real one.
 
 Pure: counters in, a cap and a reason out. No clocks, no I/O.
 """
