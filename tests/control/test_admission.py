@@ -83,6 +83,19 @@ def test_an_interval_with_a_layout_change_is_not_read():
     assert feed(evict=1, in_flight=500) is None and ctl.cap is None
 
 
+def test_steady_intervals_between_changes_add_up_to_a_reading():
+    """A real run lends the trainer's device at every step: each steady interval alone holds too few
+    finished requests to read, but the steady ones around the changes add up (the CI run in which the
+    cap never moved read nothing because every change restarted the count)."""
+    ctl = AdmissionControl(AdmissionConfig(min_requests=150), pipeline=512, group=8)
+    feed = Feed(ctl)
+    feed(0, 500)
+    assert feed(evict=30, in_flight=500) is None  # 100 finished requests: too few
+    assert feed(evict=90, in_flight=500, steady=False) is None  # skipped, not a restart
+    cap, reason = feed(evict=30, in_flight=500)  # 200 steady requests, 60 evictions: 30%
+    assert cap == int(0.85 * 500) and "30% of finished requests" in reason
+
+
 def test_the_cap_scales_with_the_devices_that_hold_kv():
     ctl = _ctl()
     feed = Feed(ctl, devices=8)

@@ -131,7 +131,7 @@ def test_a_thrashing_kv_cache_is_capped_for_real(tmp_path):
     evicts idle sessions, PEARL lowers the cap on trajectories in flight (`control.admission`) on the
     real staleness gate, the decision is saved with its reason, and nothing is lost."""
     s = _run(tmp_path, rollout_workers=1, staleness=2, engine={"kv_capacity_tokens": 2000},
-             policy={**FAST["policy"], "controller": {"admission": {"min_requests": 8}}})
+             policy={**FAST["policy"], "decision_interval_s": 0.25, "controller": {"admission": {"min_requests": 8}}})
     caps = [d for d in s["decisions"] if d["kind"] == "admission"]
     assert caps and "evicted a session's KV" in caps[0]["reason"]
     assert int(caps[0]["chosen"]) < 24

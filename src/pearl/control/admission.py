@@ -33,7 +33,11 @@ class AdmissionControl:
         self.step = max(group, math.ceil(k.increase_share * pipeline))
         self.floor = min(self.top, max(group, math.ceil(k.floor_share * pipeline)))
         self.cap: int | None = ceiling  # None: the staleness gate alone
-        self._mark: tuple[float, int, int, int] | None = None  # (t, evictions, requests, trajectories)
+        self._mark: tuple[int, int, int] | None = None  # counters at the last tick: (evictions, requests, trajectories)
+        # summed over the steady intervals since the last reading: evictions, requests, trajectories
+        # finished, trajectories in flight × dt
+        self._acc = [0, 0, 0, 0.0]
+        self._t = 0.0  # the last tick's time
         self._calm = 0
         self._changed_t = 0.0
         self._devices = 0  # devices holding KV (decode-capable workers') when the cap was last set
@@ -58,15 +62,22 @@ class AdmissionControl:
         return got if got is not None else scaled
 
     def _read(self, t, evictions, finished, trajectories, in_flight, steady) -> tuple[int | None, str] | None:
-        m = self._mark
-        if m is None or not steady or evictions < m[1] or finished < m[2]:
-            self._mark = (t, evictions, finished, trajectories)  # start reading afresh from here
+        m, dt, self._t = self._mark, t - self._t, t
+        self._mark = (evictions, finished, trajectories)
+        if m is None or evictions < m[0] or finished < m[1]:
+            self._acc = [0, 0, 0, 0.0]  # counters restarted: read afresh from here
             return None
-        de, df = evictions - m[1], finished - m[2]
+        if steady:  # an interval with a layout change is skipped, the steady ones around it still count
+            a = self._acc
+            a[0] += evictions - m[0]
+            a[1] += finished - m[1]
+            a[2] += trajectories - m[2]
+            a[3] += in_flight * dt
+        de, df, dn, area = self._acc
         if df < self.k.min_requests:
             return None  # too few to read a rate: keep accumulating
-        self._mark = (t, evictions, finished, trajectories)
-        life = in_flight * (t - m[0]) / max(trajectories - m[3], 1)  # Little's law: W = L / λ
+        self._acc = [0, 0, 0, 0.0]
+        life = area / max(dn, 1)  # Little's law: W = L / λ
         rate, limit = de / df, self.cap if self.cap is not None else self.top
         if rate > self.k.high:
             self._calm = 0

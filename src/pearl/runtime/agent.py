@@ -54,6 +54,34 @@ class Episode:
     env_t0: float = 0.0
 
 
+class InFlight(dict):
+    """The episodes in flight by trajectory id, with ∫ (episodes in flight) dt kept as they come and go:
+    the controller's time-averaged in-flight count (a sample per tick reads 0 when the tick falls
+    between two batches, however full the interval was)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._area, self._t = 0.0, time.perf_counter()
+
+    def _advance(self) -> None:
+        now = time.perf_counter()
+        self._area += len(self) * (now - self._t)
+        self._t = now
+
+    def __setitem__(self, key: str, value: Any) -> None:
+        self._advance()
+        super().__setitem__(key, value)
+
+    def pop(self, *args: Any) -> Any:
+        self._advance()
+        return super().pop(*args)
+
+    def area(self) -> float:
+        """∫ episodes in flight dt (seconds) since the loop began, brought up to now."""
+        self._advance()
+        return self._area
+
+
 class AgentLoop(Routing):
     def __init__(self, engines: list[RolloutEngine], layout: str, make_env: Callable[[], Any],
                  sampling: SamplingParams, group_size: int, env_timeout_s: float | None,
@@ -73,7 +101,7 @@ class AgentLoop(Routing):
         self.seed = seed  # per-trajectory sampling seeds (`params_for`); None: each engine's own generator
         self.env_timeout_s, self.use_system_prompt = env_timeout_s, use_system_prompt
         self.tok = engines[0].tokenizer
-        self.episodes: dict[str, Episode] = {}
+        self.episodes = InFlight()
         self._pending_weights: tuple[dict, int] | None = None
         self._last_weights: tuple[dict, int] | None = None
         self._lock = threading.Lock()

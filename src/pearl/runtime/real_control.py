@@ -57,7 +57,6 @@ class RealControl:
         self.engine_of: dict[int, int] = {}
         for i, e in enumerate(agent.engines):
             self._register(i, (self.rollout[i],), e.role)
-        self._active_integral, self._last_t = 0.0, 0.0
         self.events: queue.Queue = queue.Queue()  # (event, done) from the trainer thread
         self.ray_node: dict[int, str] = {}  # elastic device -> the Ray node it is on (ray_elastic)
         self.next_node = 1
@@ -107,15 +106,12 @@ class RealControl:
         with self.lock:
             self.state.set_training(self.clock.now, [self.train_device], busy)
 
-    def observe(self, tick: bool) -> Observation:
-        with self.lock:
-            return self._observe(tick)
+    def observe(self, tick: bool) -> Observation:  # (`tick` is for the simulator: the agent's in-flight
+        with self.lock:                              # integral is kept as episodes come and go)
+            return self._observe()
 
-    def _observe(self, tick: bool) -> Observation:
+    def _observe(self) -> Observation:
         t, ag = self.clock.now, self.agent
-        if tick:  # ∫ trajectories in flight dt, brought up to now
-            self._active_integral += len(ag.episodes) * (t - self._last_t)
-            self._last_t = t
         devices = tuple(DeviceObs(d.id, d.pool, d.node, d.status, d.notice_at, d.lease_deadline)
                         for d in self.state.devices.values())
         workers = []
@@ -128,7 +124,7 @@ class RealControl:
         kv = [e.stats for e in ag.engines if Role(e.role) is not Role.PREFILL]  # (a prefill worker's copy is a spare)
         return Observation(t, devices, tuple(workers), self.state.shape(), self.trainer(),
                            tokens_generated=sum(s.tokens_decoded for s in stats),
-                           active_integral=self._active_integral, finished=tuple(ag.finished),
+                           active_integral=ag.episodes.area(), finished=tuple(ag.finished),
                            finished_count=ag.finished_count, kv_evictions=sum(s.evictions for s in kv),
                            requests_finished=sum(s.finished for s in kv), in_flight=len(ag.episodes))
 
