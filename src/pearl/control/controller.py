@@ -85,7 +85,9 @@ class Controller(Lending):
                                      start_s=base.weight_transfer_time("peer") + k.wake_s, stop_s=k.stop_s)
         # In async RL, (η + 1) batches are in flight: the next batch is done when that pipeline drains,
         # so that is the batch whose completion we predict (a lone batch is set by its slowest member).
-        self.batch = BatchState.fresh((setting.staleness + 1) * setting.batch_size)
+        self.pipeline = (setting.staleness + 1) * setting.batch_size
+        self.batch = BatchState.fresh(self.pipeline)  # (a cap on trajectories in flight shrinks it: `_recap`)
+        self._scale = 1.0  # pipeline / trajectories in flight: a capped batch's completion, scaled up
         # What the controller is not told: the workload and elastic lifetimes (learned, from a prior)
         self.workload = WorkloadEstimator(k.estimate, setting.stats)
         self.lifetimes = LifetimeEstimator(k.elastic_stay_s, k.estimate.lifetime_prior_weight)
@@ -123,6 +125,7 @@ class Controller(Lending):
                 obs.t, obs.kv_evictions, obs.requests_finished, obs.finished_count, self._avg_active, self._steady,
                 sum(len(w.devices) for w in obs.workers if w.role is not Role.PREFILL))) is not None:
             eff.actions.append(SetCap(cap[0]))
+            self._recap(cap[0])
             eff.decisions.append(Decision(t=obs.t, trigger="periodic", kind="admission", switch=False, reason=cap[1],
                                           rule="cap", chosen=str(cap[0]), estimate=self.workload.summary()))
         eff.next_tick_t = obs.t + self.cfg.decision_interval_s
@@ -178,8 +181,20 @@ class Controller(Lending):
         since the last one. A new workload estimate re-predicts every shape; the refit's ratios
         (measured / predicted) are carried over to the new predictions, so what was measured stays."""
         self.lifetimes.observe(obs.t, obs.devices)
-        if not self.workload.observe(obs.finished, obs.finished_count):
-            return
+        if self.workload.observe(obs.finished, obs.finished_count):
+            self._repredict()
+
+    def _recap(self, cap: int | None) -> None:
+        """The cap on trajectories in flight changed: predict the layouts at the concurrency they will
+        run at (`cap` trajectories in flight, their batch's completion scaled to the pipeline's size),
+        not at the staleness gate's level: the KV a layout needs, and so its ranking, depend on it."""
+        n = min(cap, self.pipeline) if cap is not None else self.pipeline
+        self.batch, self._scale = BatchState.fresh(n), self.pipeline / n
+        self._repredict()
+
+    def _repredict(self) -> None:
+        """Re-predict every shape predicted so far; the refit's ratios (measured / predicted) are
+        carried over to the new predictions, so what was measured stays."""
         old = {sh: p.tokens_per_s for sh, p in self._preds.items() if self.refit.ratios.get(sh) is not None}
         self.reps = prepare(self.workload.stats, self.batch, self.k.predict_reps, self.k.predict_events)
         self._preds.clear()
@@ -194,7 +209,7 @@ class Controller(Lending):
             k, s = self.k, self.setting
             got = predict_many(new, [s.perf_for(x.tp) for x in new], s.engine, self.workload.stats, self.batch,
                                s.devices_per_node, reps=self.reps, tol=k.predict_tol, grid_points=k.predict_grid_points)
-            self._preds.update(zip(new, got))
+            self._preds.update((x, self._scaled(p)) for x, p in zip(new, got))
         return [self._preds[s] for s in shapes]
 
     def _measure(self, obs: Observation) -> None:
@@ -267,8 +282,12 @@ class Controller(Lending):
         sel = select(n_devices - n_devices % min(tps), {tp: s.perf_for(tp) for tp in tps}, s.engine,
                      self.workload.stats, self.batch, current=cur if _valid(cur) else None, shapes=only,
                      devices_per_node=s.devices_per_node, per_role=self.cfg.per_role_tp)
-        return sorted(((s_, replace(p_, completion_s=self.refit.corrected(s_, p_.completion_s)))
+        return sorted(((s_, replace(p_, completion_s=self.refit.corrected(s_, self._scaled(p_).completion_s)))
                        for s_, p_, _, _ in sel.ranked), key=lambda x: x[1].completion_s)
+
+    def _scaled(self, p: Prediction) -> Prediction:
+        """A prediction for the trajectories in flight, as the pipeline's completion (rates unchanged)."""
+        return p if self._scale == 1.0 else replace(p, completion_s=p.completion_s * self._scale)
 
     def _gate(self, t: float, why: str, mode: str, cur: LayoutShape, best: LayoutShape, best_pred: Prediction,
               cur_s: float, plan: Plan, window: float) -> tuple[bool, str, float | None, float | None]:
