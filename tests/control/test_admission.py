@@ -173,3 +173,19 @@ def test_layouts_are_ranked_at_the_capped_concurrency():
     assert ctl.batch.size == 128 and first(colo) == colo
     # still the pipeline's completion (512 trajectories), at the capped concurrency
     assert ctl._predict([colo])[0].completion_s > 0.5 * whole
+
+
+def test_a_configured_cap_is_predicted_from_the_start():
+    """`rl.max_concurrent_trajectories` below the gate's level: the controller (and `plan-static`,
+    which ranks with it) predicts at that concurrency from the first decision on."""
+    from pathlib import Path
+
+    from pearl.config import ScenarioConfig, load_config
+    from pearl.runtime.sim import Simulator
+
+    root = Path(__file__).resolve().parents[2]
+    for name in ("pearl", "plan-static"):
+        sim = Simulator(load_config(root / "scenarios" / "s1-swe-qwen3-8b.yaml", ScenarioConfig,
+                                    {"policy": {"name": name}, "rl": {"max_concurrent_trajectories": 128}}))
+        ctl = sim.control.setup().controller
+        assert ctl.batch.size == 128 and ctl._scale == 4.0

@@ -103,9 +103,10 @@ class Controller(Lending):
         self._mark: tuple | None = None  # (t, shape, tokens, changes, full, active integral) at the last tick
         self._changes = 0  # layout changes made by this controller (a measurement spans none)
         self._avg_active, self._steady = 0.0, False  # since the last tick: trajectories in flight, same layout
-        self.admission = (AdmissionControl(k.admission, (setting.staleness + 1) * setting.batch_size,
-                                           setting.group_size, setting.max_concurrent)
+        self.admission = (AdmissionControl(k.admission, self.pipeline, setting.group_size, setting.max_concurrent)
                           if self.adapt_cap and policy.adapt_cap else None)
+        if setting.max_concurrent is not None and setting.max_concurrent < self.pipeline:
+            self._recap(setting.max_concurrent)  # a configured cap (`rl.max_concurrent_trajectories`)
 
     # ------------------------------------------------------------------ entry points
     def first_tick_t(self) -> float | None:
