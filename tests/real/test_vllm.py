@@ -102,6 +102,32 @@ def test_abort_keeps_the_tokens_and_the_request_continues(smol, vllm_engine):
     assert done[0].token_ids == whole and done[0].finish_reason == "length" and not vllm_engine.has_work()
 
 
+def _turn(engine, ids, session, n=4):
+    req = engine.add_request(ids, SamplingParams(temperature=0, max_new_tokens=n, ignore_eos=True), session=session)
+    while not engine.step() or engine.has_work():
+        pass
+    return list(req.token_ids)
+
+
+def test_a_session_whose_cached_prefix_was_evicted_is_counted(smol, vllm_engine):
+    """The signal of PEARL's in-flight cap on vLLM: a session's next turn that finds its prefix still
+    cached is not an eviction; one whose blocks were reused by other prompts (a 4096-token cache,
+    4 x 1500 fresh tokens since) is."""
+    import random
+
+    base = prompts(smol.tokenizer)[1]
+    ev0 = vllm_engine.stats.evictions
+    ctx = _turn(vllm_engine, base * 8, "kept")  # ~300 tokens, then its next turn at once: still cached
+    _turn(vllm_engine, ctx + base, "kept")
+    assert vllm_engine.stats.evictions == ev0
+    ctx = _turn(vllm_engine, base * 8 + [7], "evicted")
+    rng = random.Random(0)
+    for i in range(4):
+        _turn(vllm_engine, [rng.randrange(100, 40000) for _ in range(1500)], f"filler{i}", n=1)
+    _turn(vllm_engine, ctx + base, "evicted")
+    assert vllm_engine.stats.evictions == ev0 + 1
+
+
 def test_weights_from_the_trainer_change_the_logprobs_to_the_trainers(smol, vllm_engine):
     from pearl.rl.trainer import GRPOTrainer, TrainerConfig
     from pearl.rl.trajectory import Trajectory

@@ -11,6 +11,10 @@ vLLM is imported lazily (only when an engine is built), so the core never needs 
 - weights updated in place from the trainer's state dict (Hugging Face names) with
   `collective_rpc("reload_weights")`; the prefix cache is reset so later prefills use the new weights
   (requests in flight keep their KV, as in `TorchEngine`);
+- evictions counted as the simulator and `TorchEngine` count them (`EngineStats.evictions`, the
+  signal of PEARL's in-flight cap): a session's next turn on this engine whose prefix-cache hit
+  (`RequestOutput.num_cached_tokens`) falls short of the full blocks its last turn here left cached
+  found them evicted (a weight update resets the cache on purpose: not an eviction);
 - `abort` keeps the generated tokens; `migrate_out` hands the request over without KV (vLLM's KV
   connectors are not used here: see docs/engines.md), so the context is prefilled again elsewhere;
 - the mixed role only: prefill/decode disaggregation needs a KV connector (none is wired on CPU).
@@ -114,6 +118,9 @@ class VLLMEngine:
         self._live: dict[str, tuple[Request, SamplingParams]] = {}  # vLLM request id -> (request, params)
         self._vid: dict[Any, str] = {}  # our rid -> vLLM request id
         self._sessions: dict[str, Any] = {}
+        self._held: dict[str, int] = {}  # session -> its context when its last turn here finished
+        self._expect: dict[str, int] = {}  # vLLM request id, till its first output -> the prefix-cache
+        #                                   hit it should get (tokens; 0: nothing expected)
         self._rids, self._seq = itertools.count(), itertools.count()
         self._blocks = self.llm.vllm_config.cache_config.num_gpu_blocks or 0
         self._block_size = self.llm.vllm_config.cache_config.block_size
@@ -190,6 +197,8 @@ class VLLMEngine:
                                 f"context of {self.llm.model_config.max_model_len} tokens")
         req.max_new_tokens, req.prefill_only = params.max_new_tokens, False
         vid = f"{self.wid}-{next(self._seq)}"
+        held = min(self._held.pop(req.session, 0), req.num_tokens) - 1  # (the last token is recomputed)
+        self._expect[vid] = max(held, 0) // self._block_size * self._block_size  # whole blocks only
         self.llm.add_request(vid, self._vllm.inputs.TokensPrompt(prompt_token_ids=list(ids)),
                              self._params(params, max(left, 1)))
         self._live[vid], self._vid[req.rid], self._sessions[req.session] = (req, params), vid, req.rid
@@ -217,6 +226,7 @@ class VLLMEngine:
             if entry is None:
                 continue
             req, _ = entry
+            self._check_cached(ro)
             c = ro.outputs[0]
             lps = c.logprobs or [None] * len(c.token_ids)
             for tok, lp in zip(c.token_ids, lps):
@@ -228,6 +238,17 @@ class VLLMEngine:
         self.stats.busy_s += time.perf_counter() - t0
         return outs
 
+    def _check_cached(self, ro: Any) -> None:
+        """A request's first output: its prefix-cache hit, against what its session left here."""
+        if ro.request_id not in self._expect:
+            return  # (a later output of the same request)
+        want, got = self._expect.pop(ro.request_id), getattr(ro, "num_cached_tokens", None)
+        if got is None:
+            return
+        self.stats.tokens_reused += got
+        if got < want:
+            self.stats.evictions += 1
+
     def _finish(self, vid: str, req: Request, c: Any) -> Output:
         reason, stop = c.finish_reason or "length", None
         if reason == "stop":
@@ -236,11 +257,13 @@ class VLLMEngine:
             else:
                 reason = "eos"
         self._forget(vid, req)
+        self._held[req.session] = req.num_tokens
         self.stats.finished += 1
         return Output(req, reason, None, stop)
 
     def _forget(self, vid: str, req: Request) -> None:
         self._live.pop(vid, None)
+        self._expect.pop(vid, None)
         self._vid.pop(req.rid, None)
         self._sessions.pop(req.session, None)
 
@@ -275,7 +298,9 @@ class VLLMEngine:
         raise ResourceError("the vLLM engine cannot import KV here (supports_kv_transfer is False)")
 
     def drop_session(self, session: str) -> None:
-        """Nothing to drop: cached prefixes are evicted by vLLM (LRU) when the space is needed."""
+        """Nothing to free: cached prefixes are evicted by vLLM (LRU) when the space is needed; the
+        session is no longer expected to find its prefix here."""
+        self._held.pop(session, None)
 
     def set_role(self, role: Role | str) -> None:
         self.role = self._check_role(role)
@@ -291,6 +316,8 @@ class VLLMEngine:
         self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights,
                                                           "is_checkpoint_format": True})
         self.llm.reset_prefix_cache()
+        self._held.clear()  # nothing cached survives the reset: the next turns' misses are not evictions
+        self._expect = dict.fromkeys(self._expect, 0)
         self._version = version
 
     def close(self) -> None:
