@@ -14,7 +14,11 @@ colocated×8, 1P:7D, 2P:6D, 4P:4D at tp 1 and colocated×4, 1P:3D at tp 2. The t
 `--seeds` simulations (`per_step[0].t_ready`); a single seed's maximum of a heavy-tailed batch varies
 by several percent, and the prediction is an expectation.
 
-Usage: python benchmarks/predictor_accuracy.py [--seeds 2] [--jobs 2] [--profiles swe,game]
+With `--cap C` the same cells run with at most C trajectories in flight (`rl.max_concurrent_trajectories`;
+the simulated batch is admitted C at a time) and the controller predicts as it does once its in-flight
+cap is C (`Controller._recap`): the regime PEARL's KV-bound cells are decided in.
+
+Usage: python benchmarks/predictor_accuracy.py [--seeds 2] [--jobs 2] [--profiles swe,game] [--cap 128]
 Prints one row per cell (predicted, simulated, error), the selector's regret among the shapes tried
 per profile, and the MAPE last. About two minutes on two cores.
 """
@@ -43,17 +47,18 @@ SHAPES = (LayoutShape.colocated(8, 1), LayoutShape.disaggregated(1, 7, 1), Layou
 WINDOW_SEED = 999_331  # the estimator's window: trajectories of a seed no simulation uses
 
 
-def scenario(profile: str, shape: LayoutShape, seed: int, n: int) -> ScenarioConfig:
+def scenario(profile: str, shape: LayoutShape, seed: int, n: int, cap: int | None = None) -> ScenarioConfig:
     mode = shape.mode.value
     return parse_config(dict(
         seed=seed, model="qwen3-8b", duration_s=1e7, max_train_steps=1,
         cluster=dict(hardware="h800", rollout_devices=DEVICES), engine=dict(tp=shape.tp),
         layout=dict(mode=mode, prefill=shape.n_prefill, decode=shape.n_decode),
-        workload=dict(profile=profile), rl=dict(staleness=0, prompts_per_batch=n // GROUP, group_size=GROUP)),
+        workload=dict(profile=profile), rl=dict(staleness=0, prompts_per_batch=n // GROUP, group_size=GROUP,
+                                                max_concurrent_trajectories=cap)),
         ScenarioConfig)
 
 
-def controller_prediction(profile: str, shape: LayoutShape, window: int | None = None) -> float:
+def controller_prediction(profile: str, shape: LayoutShape, window: int | None = None, cap: int | None = None) -> float:
     """What the controller predicts for `shape`: its ControlSetting (η, B), its estimator holding a
     full window of finished trajectories, its own predictor settings."""
     cfg = parse_config(dict(model="qwen3-8b", cluster=dict(hardware="h800", rollout_devices=DEVICES),
@@ -68,14 +73,16 @@ def controller_prediction(profile: str, shape: LayoutShape, window: int | None =
     window = tuple(wl.trajectory(i, i) for i in range(ctl.k.estimate.window))
     ctl._estimate(Observation(0.0, (), (), shape, TrainerObs(False, 0, 0), finished=window,
                               finished_count=len(window)))
+    if cap is not None:
+        ctl._recap(cap)  # as when its admission control (or the configuration) sets the cap
     return ctl._predict([shape])[0].completion_s
 
 
 def run_cell(args) -> dict:
-    profile, shape, seeds, window = args
+    profile, shape, seeds, window, cap = args
     n = (ETA + 1) * B
-    sims = [Simulator(scenario(profile, shape, s, n)).run()["per_step"][0]["t_ready"] for s in seeds]
-    return dict(profile=profile, shape=shape, sim=sims, pred=controller_prediction(profile, shape, window))
+    sims = [Simulator(scenario(profile, shape, s, n, cap)).run()["per_step"][0]["t_ready"] for s in seeds]
+    return dict(profile=profile, shape=shape, sim=sims, pred=controller_prediction(profile, shape, window, cap))
 
 
 def main() -> None:
@@ -84,8 +91,9 @@ def main() -> None:
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--profiles", default=",".join(PROFILES))
     ap.add_argument("--window", type=int, default=None, help="the estimator's window (default: the controller's)")
+    ap.add_argument("--cap", type=int, default=None, help="trajectories in flight at most (default: all 512)")
     a = ap.parse_args()
-    jobs = [(p, s, tuple(range(a.seeds)), a.window) for p in a.profiles.split(",") for s in SHAPES]
+    jobs = [(p, s, tuple(range(a.seeds)), a.window, a.cap) for p in a.profiles.split(",") for s in SHAPES]
     with Pool(a.jobs) as pool:
         rows = pool.map(run_cell, jobs, chunksize=1)
     print(f"{'profile':9s} {'shape':16s} {'predicted':>9s} {'simulated':>9s} {'spread':>6s} {'err':>7s}")
@@ -108,7 +116,8 @@ def main() -> None:
               f"{str(rs[int(np.argmin(sims))]['shape']):16s} regret {100 * (sims[pick] / min(sims) - 1):4.1f}%")
     print(f"selector within 5% of the best simulated shape: {hits}/{len(profiles)}")
     worst = max(range(len(rows)), key=lambda i: errs[i])
-    print(f"cells: {len(rows)}, {(ETA + 1) * B} trajectories in flight on {DEVICES} devices (η={ETA}, B={B}), "
+    flight = f"{(ETA + 1) * B}" if a.cap is None else f"{(ETA + 1) * B} (at most {a.cap} at once)"
+    print(f"cells: {len(rows)}, {flight} trajectories in flight on {DEVICES} devices (η={ETA}, B={B}), "
           f"simulated mean of {a.seeds} seeds; worst {rows[worst]['profile']} {rows[worst]['shape']}: "
           f"{100 * errs[worst]:.1f}%")
     print(f"MAPE (controller's regime): {100 * np.mean(errs):.2f}%")

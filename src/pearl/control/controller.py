@@ -287,8 +287,13 @@ class Controller(Lending):
                        for s_, p_, _, _ in sel.ranked), key=lambda x: x[1].completion_s)
 
     def _scaled(self, p: Prediction) -> Prediction:
-        """A prediction for the trajectories in flight, as the pipeline's completion (rates unchanged)."""
-        return p if self._scale == 1.0 else replace(p, completion_s=p.completion_s * self._scale)
+        """A prediction for the `n` trajectories a cap lets in flight, as the pipeline's: the other
+        N − n run n at a time, one every mean trajectory time / n, then the last n finish as predicted."""
+        if self._scale == 1.0:
+            return p
+        n = self.batch.size
+        t = p.completion_s + (self.pipeline - n) * p.breakdown.get("mean_T", p.completion_s) / n
+        return replace(p, completion_s=t, tokens_per_s=p.tokens_per_s * p.completion_s * self._scale / t)
 
     def _gate(self, t: float, why: str, mode: str, cur: LayoutShape, best: LayoutShape, best_pred: Prediction,
               cur_s: float, plan: Plan, window: float) -> tuple[bool, str, float | None, float | None]:

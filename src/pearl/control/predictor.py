@@ -292,6 +292,7 @@ def predict_many(shapes: Sequence[LayoutShape], perfs: Sequence[PerfModel], engi
         out.append(Prediction(float(comp[i]), gen / float(comp[i]), float(r["concurrency"][i]),
                               max(terms, key=terms.get),
                               dict(critical_path=terms, critical_T=float(T[i, j]), spread_s=float(r["sigma"][i, j]),
+                                   mean_T=float((reps.w * T[i]).sum() / reps.w.sum()),
                                    evicted_share=float(r["evict"][i]), iterations=r["iters"])))
     return out
 
