@@ -10,7 +10,8 @@ vLLM is imported lazily (only when an engine is built), so the core never needs 
   version stamped on every token when it comes out of a step;
 - weights updated in place from the trainer's state dict (Hugging Face names) with
   `collective_rpc("reload_weights")`; the prefix cache is reset so later prefills use the new weights
-  (requests in flight keep their KV, as in `TorchEngine`);
+  (requests in flight keep their KV, as in `TorchEngine`; vLLM refuses the reset while they hold
+  blocks, and then cached prefixes outlive the update too, as a `TorchEngine` session's KV does);
 - evictions counted as the simulator and `TorchEngine` count them (`EngineStats.evictions`, the
   signal of PEARL's in-flight cap): a session's next turn on this engine whose prefix-cache hit
   (`RequestOutput.num_cached_tokens`) falls short of the full blocks its last turn here left cached
@@ -311,13 +312,16 @@ class VLLMEngine:
     # ------------------------------------------------------------ weights
     def update_weights(self, state_dict: Mapping[str, Any], version: int) -> None:
         """Load new weights in place (Hugging Face names; all or some); tokens sampled from now on carry
-        `version`. The prefix cache is reset so that later prefills see the new weights."""
+        `version`. A reset of the prefix cache is asked for, so that later prefills see the new weights;
+        vLLM refuses it while requests in flight hold blocks (then cached prefixes stay)."""
         weights = [(k, v) for k, v in state_dict.items()]
         self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights,
                                                           "is_checkpoint_format": True})
-        self.llm.reset_prefix_cache()
-        self._held.clear()  # nothing cached survives the reset: the next turns' misses are not evictions
-        self._expect = dict.fromkeys(self._expect, 0)
+        if self.llm.reset_prefix_cache() is not False:  # nothing cached survives: later misses are not evictions
+            self._held.clear()
+            self._expect = dict.fromkeys(self._expect, 0)
+        # else vLLM refused (requests in flight hold blocks): cached prefixes outlive this update, as a
+        # `TorchEngine` session's retained KV does
         self._version = version
 
     def close(self) -> None:
