@@ -188,4 +188,4 @@ def test_a_configured_cap_is_predicted_from_the_start():
         sim = Simulator(load_config(root / "scenarios" / "s1-swe-qwen3-8b.yaml", ScenarioConfig,
                                     {"policy": {"name": name}, "rl": {"max_concurrent_trajectories": 128}}))
         ctl = sim.control.setup().controller
-        assert ctl.batch.size == 128 and ctl._scale == 4.0
+        assert ctl.batch.size == 128 and ctl.pipeline == 512

@@ -32,7 +32,7 @@ from pearl.control.observation import (Decision, DeviceObs, DevicesAdded, Device
                                        TrainerNeedsDevices)
 from pearl.control.planner import (DeviceView, Plan, StepKind, TransitionCosts, WorkerView, plan_full_restart,
                                    plan_transition)
-from pearl.control.predictor import BatchState, Prediction, WorkloadStats, predict_many, prepare
+from pearl.control.predictor import BatchState, Prediction, WorkloadStats, pipelined, predict_many, prepare
 from pearl.control.refit import ThroughputRefit
 from pearl.control.selector import select
 from pearl.control.switching import SwitchGate
@@ -87,7 +87,6 @@ class Controller(Lending):
         # so that is the batch whose completion we predict (a lone batch is set by its slowest member).
         self.pipeline = (setting.staleness + 1) * setting.batch_size
         self.batch = BatchState.fresh(self.pipeline)  # (a cap on trajectories in flight shrinks it: `_recap`)
-        self._scale = 1.0  # pipeline / trajectories in flight: a capped batch's completion, scaled up
         # What the controller is not told: the workload and elastic lifetimes (learned, from a prior)
         self.workload = WorkloadEstimator(k.estimate, setting.stats)
         self.lifetimes = LifetimeEstimator(k.elastic_stay_s, k.estimate.lifetime_prior_weight)
@@ -187,10 +186,9 @@ class Controller(Lending):
 
     def _recap(self, cap: int | None) -> None:
         """The cap on trajectories in flight changed: predict the layouts at the concurrency they will
-        run at (`cap` trajectories in flight, their batch's completion scaled to the pipeline's size),
-        not at the staleness gate's level: the KV a layout needs, and so its ranking, depend on it."""
-        n = min(cap, self.pipeline) if cap is not None else self.pipeline
-        self.batch, self._scale = BatchState.fresh(n), self.pipeline / n
+        run at (`cap` in flight; the pipeline's completion from theirs: `predictor.pipelined`), not at
+        the staleness gate's level: the KV a layout needs, and so its ranking, depend on it."""
+        self.batch = BatchState.fresh(min(cap, self.pipeline) if cap is not None else self.pipeline)
         self._repredict()
 
     def _repredict(self) -> None:
@@ -210,7 +208,7 @@ class Controller(Lending):
             k, s = self.k, self.setting
             got = predict_many(new, [s.perf_for(x.tp) for x in new], s.engine, self.workload.stats, self.batch,
                                s.devices_per_node, reps=self.reps, tol=k.predict_tol, grid_points=k.predict_grid_points)
-            self._preds.update((x, self._scaled(p)) for x, p in zip(new, got))
+            self._preds.update((x, pipelined(p, self.batch.size, self.pipeline)) for x, p in zip(new, got))
         return [self._preds[s] for s in shapes]
 
     def _measure(self, obs: Observation) -> None:
@@ -283,17 +281,8 @@ class Controller(Lending):
         sel = select(n_devices - n_devices % min(tps), {tp: s.perf_for(tp) for tp in tps}, s.engine,
                      self.workload.stats, self.batch, current=cur if _valid(cur) else None, shapes=only,
                      devices_per_node=s.devices_per_node, per_role=self.cfg.per_role_tp)
-        return sorted(((s_, replace(p_, completion_s=self.refit.corrected(s_, self._scaled(p_).completion_s)))
+        return sorted(((s_, replace(p_, completion_s=self.refit.corrected(s_, pipelined(p_, self.batch.size, self.pipeline).completion_s)))
                        for s_, p_, _, _ in sel.ranked), key=lambda x: x[1].completion_s)
-
-    def _scaled(self, p: Prediction) -> Prediction:
-        """A prediction for the `n` trajectories a cap lets in flight, as the pipeline's: the other
-        N − n run n at a time, one every mean trajectory time / n, then the last n finish as predicted."""
-        if self._scale == 1.0:
-            return p
-        n = self.batch.size
-        t = p.completion_s + (self.pipeline - n) * p.breakdown.get("mean_T", p.completion_s) / n
-        return replace(p, completion_s=t, tokens_per_s=p.tokens_per_s * p.completion_s * self._scale / t)
 
     def _gate(self, t: float, why: str, mode: str, cur: LayoutShape, best: LayoutShape, best_pred: Prediction,
               cur_s: float, plan: Plan, window: float) -> tuple[bool, str, float | None, float | None]:

@@ -40,7 +40,7 @@ What it must not do: simulate events, own time, or import torch, Ray, asyncio or
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 from typing import Iterable, Sequence
 
@@ -53,8 +53,8 @@ from pearl.perf.roofline import PerfModel
 from pearl.types import LayoutShape, Mode, Role
 from pearl.workloads import TrajectorySpec, Workload
 
-__all__ = ["BatchReps", "BatchState", "Prediction", "TrajectoryProgress", "WorkloadStats", "predict",
-           "predict_many", "prepare"]
+__all__ = ["BatchReps", "BatchState", "Prediction", "TrajectoryProgress", "WorkloadStats", "pipelined",
+           "predict", "predict_many", "prepare"]
 
 
 # ------------------------------------------------------------------ workload statistics
@@ -315,6 +315,17 @@ def _with_tp(pm: PerfModel, tp: int) -> PerfModel:
     if hit is None or hit[0] is not pm:
         hit = _DERIVED[(id(pm), tp)] = (pm, pm.with_tp(tp))
     return hit[1]
+
+
+def pipelined(p: Prediction, n: int, total: int) -> Prediction:
+    """`p`, predicted for a batch of `n` trajectories, as the completion of `total` run at most `n` at
+    a time (a cap on trajectories in flight): the other total − n go through n at a time, one every
+    mean trajectory life / n (Little's law), then the last n finish as predicted; tokens/s: the
+    total's tokens over that time."""
+    if n >= total:
+        return p
+    t = p.completion_s + (total - n) * p.breakdown.get("mean_T", p.completion_s) / n
+    return replace(p, completion_s=t, tokens_per_s=p.tokens_per_s * p.completion_s * total / n / t)
 
 
 def predict(shape: LayoutShape, perf: PerfModel, engine: EngineConfig, stats: WorkloadStats,
