@@ -5,11 +5,15 @@ the engines evict idle sessions and every evicted context is prefilled again on 
 that point more trajectories in flight means less throughput (on s1-swe, tp2: 0.198 traj/s at 128
 in flight, 0.145 at 256; `docs/results.md`). The baselines get the cap tuned offline by short runs;
 PEARL finds it online, from the signal that says the cache thrashes: evicted sessions per finished
-request, over the ticks since the last reading. Above `high` the cap becomes `decrease` × the
+request, summed over the ticks since the last reading in which the layout did not change (a switch,
+a lend or a return evicts by itself: its interval is skipped, the steady ones around it still add
+up, since a real run lends at every step). Above `high` the cap becomes `decrease` × the
 trajectories in flight (once the current cap has been reached); below `low`, after `patience` calm
 readings at the cap, and once a trajectory's mean life has passed since the last change (the
 signal lags the cap: a trajectory admitted now evicts others only as its context grows, turns
-later), it rises by one step, back to no cap at the gate's level. Between the two it holds. Model-free on purpose: the predictor's eviction term is optimistic in exactly this regime (on
+later), it rises by one step, back to no cap at the gate's level. Between the two it holds.
+The controller predicts the layouts at the cap it sets (`Controller._recap`), but the cap itself is
+model-free on purpose: the predictor's eviction term is optimistic in exactly this regime (on
 s1-swe at tp2 it sees no eviction up to 160 in flight, where the simulator already evicts and runs
 6% below its best cap, 128: `benchmarks/cap_cliff.py`), and the cache it measures is the real one.
 
