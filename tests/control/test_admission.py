@@ -189,3 +189,31 @@ def test_a_configured_cap_is_predicted_from_the_start():
                                     {"policy": {"name": name}, "rl": {"max_concurrent_trajectories": 128}}))
         ctl = sim.control.setup().controller
         assert ctl.batch.size == 128 and ctl.pipeline == 512
+
+
+def test_the_cap_stays_within_its_bounds_whatever_the_counters_do():
+    """Random ticks (counters that grow by any amount, steady or not, lent devices coming and going):
+    the cap is None or between the floor and the gate's level, never above a configured ceiling nor
+    None with one, never below one group, and every change it reports is the cap it now holds."""
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    tick = st.tuples(st.floats(0.1, 120), st.integers(0, 200), st.integers(0, 200), st.integers(0, 50),
+                     st.floats(0, 600), st.booleans(), st.sampled_from([0, 4, 8, 16]))
+
+    @settings(max_examples=200, deadline=None)
+    @given(st.lists(tick, max_size=60), st.sampled_from([None, 100, 300]), st.sampled_from([4, 8, 64]))
+    def run(ticks, ceiling, group):
+        ctl = AdmissionControl(K, pipeline=512, group=group, ceiling=ceiling)
+        t = ev = req = traj = 0
+        for dt, de, dr, dn, flight, steady, devices in ticks:
+            t, ev, req, traj = t + dt, ev + de, req + dr, traj + dn
+            got = ctl.observe(t, ev, req, traj, flight, steady, devices)
+            if got is not None:
+                assert got[0] == ctl.cap and got[1].startswith("cap: ")
+            if ceiling is not None:
+                assert ctl.cap is not None and ctl.cap <= ceiling
+            if ctl.cap is not None:
+                assert max(group, ctl.floor) <= ctl.cap <= ctl.top
+
+    run()
