@@ -2,10 +2,11 @@
 
 The strongest natural static baseline (issue 9): the PD mode, P:D ratio and tensor-parallel size
 ranked best by the same predictor and selector PEARL uses (`pearl plan` calls the same predictor),
-for the rollout pool, the batch in flight ((η + 1) · B, or `rl.max_concurrent_trajectories` when lower) and the workload statistics the controller
-is given before the run (`ControlSetting.stats`: it knows no more than PEARL). It plans once and
-never changes: no re-decision, no borrowing of the trainer's devices, no elastic devices (a static
-layout cannot use devices that come and go), every event ignored.
+for the rollout pool, the batch in flight ((η + 1) · B, or `rl.max_concurrent_trajectories` when
+lower) and the workload statistics the controller is given before the run (`ControlSetting.stats`:
+it knows no more than PEARL). It plans once and never changes: no re-decision, no borrowing of the
+trainer's devices, no elastic devices (a static layout cannot use devices that come and go), every
+event ignored.
 
 The simulator builds the planned layout at t = 0 (`initial_shape`), so the baseline pays no
 switch; a runtime that started the configured layout instead gets one switch on the first tick,

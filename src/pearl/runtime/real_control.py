@@ -106,8 +106,9 @@ class RealControl:
         with self.lock:
             self.state.set_training(self.clock.now, [self.train_device], busy)
 
-    def observe(self, tick: bool) -> Observation:  # (`tick` is for the simulator: the agent's in-flight
-        with self.lock:                              # integral is kept as episodes come and go)
+    def observe(self, tick: bool) -> Observation:
+        # (`tick` matters to the simulator only: here the in-flight integral is kept as episodes come and go)
+        with self.lock:
             return self._observe()
 
     def _observe(self) -> Observation:
