@@ -93,6 +93,8 @@ def main() -> None:
     ap.add_argument("--window", type=int, default=None, help="the estimator's window (default: the controller's)")
     ap.add_argument("--cap", type=int, default=None, help="trajectories in flight at most (default: all 512)")
     a = ap.parse_args()
+    if a.cap is not None and a.cap < GROUP:
+        ap.error(f"--cap must be at least one group ({GROUP} trajectories), got {a.cap}")
     jobs = [(p, s, tuple(range(a.seeds)), a.window, a.cap) for p in a.profiles.split(",") for s in SHAPES]
     with Pool(a.jobs) as pool:
         rows = pool.map(run_cell, jobs, chunksize=1)
