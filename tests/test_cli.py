@@ -37,6 +37,16 @@ def test_plan_ranks_per_role_layouts_when_asked():
     assert "@tp4:" not in pearl(*args).stdout
 
 
+def test_plan_ranks_at_the_concurrency_a_cap_allows():
+    """swe on 8 devices, a batch of 512: with all 512 in flight the KV thrashes and 1P:7D leads; at
+    most 128 in flight (the rest queued), a colocated layout does, as the simulator measures."""
+    args = ("plan", "--devices", "8", "--workload", "swe", "--batch", "512", "--tp", "1,2,4", "--top", "1")
+    top = pearl(*args).stdout
+    capped = pearl(*args, "--max-in-flight", "128")
+    assert capped.returncode == 0, capped.stderr
+    assert "1P:7D" in top and "at most 128 in flight" in capped.stdout and "colocated" in capped.stdout
+
+
 def test_simulate_saves_a_result(tmp_path):
     scen = tmp_path / "s.yaml"
     scen.write_text("name: tiny\nduration_s: 300\ncluster: {rollout_devices: 2, train_devices: 1}\n"

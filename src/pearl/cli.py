@@ -192,6 +192,7 @@ def plan(
     tp: str = typer.Option("1", help="Tensor-parallel sizes to consider, comma-separated (e.g. 1,2,4)."),
     top: int = typer.Option(10, parser=_int_in(1, 100_000), help="Rows to show."),
     per_role_tp: bool = typer.Option(False, "--per-role-tp", help="Also rank prefill workers at a tp of their own (e.g. 1P@tp4:4D@tp1)."),
+    max_in_flight: Optional[int] = typer.Option(None, "--max-in-flight", parser=_int_in(1, MAX_BATCH), help="At most this many trajectories in flight, the rest of the batch queued (rl.max_concurrent_trajectories)."),
 ) -> None:
     """Which PD mode and ratio for this model, hardware, budget and workload? A ranked table."""
     from pearl.control.advisor import advise
@@ -203,8 +204,9 @@ def plan(
     bad = [t for t in tps if t not in TP_SIZES]
     if bad or len(set(tps)) != len(tps):
         raise ConfigError(f"--tp {tp!r}: expected distinct sizes from {','.join(map(str, TP_SIZES))}")
-    ranked, elapsed = advise(model, hardware, devices, workload, batch, tps, per_role_tp)
-    t = Table(title=f"{model} on {devices}× {hardware}, {workload}, batch {batch}  ({elapsed * 1e3:.1f} ms)")
+    ranked, elapsed = advise(model, hardware, devices, workload, batch, tps, per_role_tp, max_in_flight)
+    cap = f", at most {max_in_flight} in flight" if max_in_flight is not None and max_in_flight < batch else ""
+    t = Table(title=f"{model} on {devices}× {hardware}, {workload}, batch {batch}{cap}  ({elapsed * 1e3:.1f} ms)")
     for c in ("rank", "layout", "batch time (s)", "tokens/s", "decode conc.", "bottleneck"):
         t.add_column(c, no_wrap=True)
     for i, (shape, p) in enumerate(ranked[:top], 1):

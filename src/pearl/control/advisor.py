@@ -16,8 +16,10 @@ from pearl.types import LayoutShape, Role
 from pearl.workloads import Workload
 
 
-def advise(model: str, hardware: str, devices: int, workload: str, batch: int,
-           tps: tuple[int, ...] = (1,), per_role: bool = False) -> tuple[list[tuple[LayoutShape, Prediction]], float]:
+def advise(model: str, hardware: str, devices: int, workload: str, batch: int, tps: tuple[int, ...] = (1,),
+           per_role: bool = False, max_in_flight: int | None = None) -> tuple[list[tuple[LayoutShape, Prediction]], float]:
+    """Every candidate shape with its prediction, best first, and the seconds it took; with
+    `max_in_flight`, the batch runs that many at a time (the rest queued: `BatchState.queued`)."""
     t0 = time.perf_counter()
     shape_m, hw = get_model(model), get_hardware(hardware)
     wl = Workload(WorkloadConfig(profile=workload))
@@ -35,7 +37,8 @@ def advise(model: str, hardware: str, devices: int, workload: str, batch: int,
     if not perfs:
         raise ResourceError(f"{shape_m.name} does not fit on {hw.name} at tp in {list(tps)}: try a larger --tp")
     shapes = candidates(devices, tuple(perfs), per_role)
-    b = BatchState.fresh(batch)
+    n = batch if max_in_flight is None else min(max_in_flight, batch)
+    b = BatchState(n_fresh=n, queued=batch - n)
     preds = predict_many(shapes, [perfs[s.tp] for s in shapes], EngineConfig(), stats, b,
                          reps=prepare(stats, b, 64, 8), tol=1e-2, grid_points=48,
                          prefill_perfs=[perfs[s.tp_of(Role.PREFILL)] for s in shapes])

@@ -32,7 +32,7 @@ from pearl.control.observation import (Decision, DeviceObs, DevicesAdded, Device
                                        TrainerNeedsDevices)
 from pearl.control.planner import (DeviceView, Plan, StepKind, TransitionCosts, WorkerView, plan_full_restart,
                                    plan_transition)
-from pearl.control.predictor import BatchState, Prediction, WorkloadStats, pipelined, predict_many, prepare
+from pearl.control.predictor import BatchState, Prediction, WorkloadStats, predict_many, prepare
 from pearl.control.refit import ThroughputRefit
 from pearl.control.selector import select
 from pearl.control.switching import SwitchGate
@@ -186,11 +186,11 @@ class Controller(Lending):
 
     def _recap(self, cap: int | None) -> None:
         """The cap on trajectories in flight changed: predict the layouts at the concurrency they will
-        run at (`cap` in flight; the pipeline's completion from theirs: `predictor.pipelined`), not at
-        the staleness gate's level: the KV a layout needs, and so its ranking, depend on it."""
+        run at (`cap` in flight, the rest of the pipeline queued behind them: `BatchState.queued`), not
+        at the staleness gate's level: the KV a layout needs, and so its ranking, depend on it."""
         n = min(cap, self.pipeline) if cap is not None else self.pipeline
         if n != self.batch.size:
-            self.batch = BatchState.fresh(n)
+            self.batch = BatchState(n_fresh=n, queued=self.pipeline - n)
             self._repredict()
 
     def _repredict(self) -> None:
@@ -210,12 +210,8 @@ class Controller(Lending):
             k, s = self.k, self.setting
             got = predict_many(new, [s.perf_for(x.tp) for x in new], s.engine, self.workload.stats, self.batch,
                                s.devices_per_node, reps=self.reps, tol=k.predict_tol, grid_points=k.predict_grid_points)
-            self._preds.update((x, self._whole(p)) for x, p in zip(new, got))
+            self._preds.update(zip(new, got))
         return [self._preds[s] for s in shapes]
-
-    def _whole(self, p: Prediction) -> Prediction:
-        """A prediction for the batch in flight as the whole pipeline's (the same unless capped)."""
-        return pipelined(p, self.batch.size, self.pipeline)
 
     def _measure(self, obs: Observation) -> None:
         """Feed the refit with the tokens the current shape generated since the last tick, if the
@@ -287,7 +283,7 @@ class Controller(Lending):
         sel = select(n_devices - n_devices % min(tps), {tp: s.perf_for(tp) for tp in tps}, s.engine,
                      self.workload.stats, self.batch, current=cur if _valid(cur) else None, shapes=only,
                      devices_per_node=s.devices_per_node, per_role=self.cfg.per_role_tp)
-        return sorted(((s_, replace(p_, completion_s=self.refit.corrected(s_, self._whole(p_).completion_s)))
+        return sorted(((s_, replace(p_, completion_s=self.refit.corrected(s_, p_.completion_s)))
                        for s_, p_, _, _ in sel.ranked), key=lambda x: x[1].completion_s)
 
     def _gate(self, t: float, why: str, mode: str, cur: LayoutShape, best: LayoutShape, best_pred: Prediction,

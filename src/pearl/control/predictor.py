@@ -30,6 +30,10 @@ A trajectory decodes a steady share of its life, so its tokens see the harmonic 
 time over [0, T_i]. Its mates are a random draw fixed for life; linearised, they spread T_i by σ_i.
 Completion = E[max] of T_i ~ N(T_i, σ_i): known trajectories as they are, a sampled class as n_c
 draws: ∫ (1 − Π Φ · Π_c F_c^n_c) dt. Never below the slowest trajectory's critical path.
+Under a cap on trajectories in flight (`BatchState.queued` more wait behind the batch), the queue goes
+through in steady state: every finished trajectory replaced at once, so the alive set holds each kind
+in proportion to its life, at mid-life, all the time (one more fixed point, no segments); the queued
+take (queued / in flight) mean steady lives (Little's law) before the last batch's E[max].
 
 Here: the workload's statistics, the batch state, its representatives (`prepare`) and the entry points.
 The numeric core (the vectorised roofline `_Coeffs`/`_step`, the fixed point `_solve`, the spread and
@@ -40,7 +44,7 @@ What it must not do: simulate events, own time, or import torch, Ray, asyncio or
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Iterable, Sequence
 
@@ -53,7 +57,7 @@ from pearl.perf.roofline import PerfModel
 from pearl.types import LayoutShape, Mode, Role
 from pearl.workloads import TrajectorySpec, Workload
 
-__all__ = ["BatchReps", "BatchState", "Prediction", "TrajectoryProgress", "WorkloadStats", "pipelined",
+__all__ = ["BatchReps", "BatchState", "Prediction", "TrajectoryProgress", "WorkloadStats",
            "predict", "predict_many", "prepare"]
 
 
@@ -139,10 +143,12 @@ class TrajectoryProgress:
 @dataclass(frozen=True)
 class BatchState:
     """What is left of the batch: `n_fresh` trajectories not started (lengths unknown) plus those in
-    flight."""
+    flight, and `queued` more admitted one as each of them finishes (a cap on trajectories in flight:
+    `size` is the cap's worth, the whole batch `size + queued`)."""
 
     n_fresh: int = 0
     trajectories: tuple[TrajectoryProgress, ...] = ()
+    queued: int = 0
 
     @staticmethod
     def fresh(n: int) -> BatchState:
@@ -264,7 +270,11 @@ def predict_many(shapes: Sequence[LayoutShape], perfs: Sequence[PerfModel], engi
     """`predict` for many shapes at once (vectorised over them): `perfs[i]` is shape i's worker model
     (its decode or mixed workers'); `prefill_perfs[i]` its prefill workers' (default: `perfs[i]`, or
     `perfs[i].with_tp(tp_prefill)` for a shape with a per-role tp); `reps` (from `prepare`) skips
-    rebuilding the batch's representatives; `grid_points` sets the resolution of the E[max] integral."""
+    rebuilding the batch's representatives; `grid_points` sets the resolution of the E[max] integral.
+    With `batch.queued`, the queued trajectories go through at the in-flight count's pace in steady
+    state (a second solve: `_solve(steady=True)`, each finished one replaced at once), one every mean
+    steady life / `batch.size` (Little's law), then the last `batch.size` finish as predicted for a
+    batch of that size; the evicted share and decode concurrency are the steady state's."""
     if len(shapes) != len(perfs) or not shapes or (prefill_perfs is not None and len(prefill_perfs) != len(perfs)):
         raise ValueError("predict_many needs one PerfModel per shape, and at least one shape")
     if reps is None:
@@ -280,20 +290,25 @@ def predict_many(shapes: Sequence[LayoutShape], perfs: Sequence[PerfModel], engi
         raise ValueError("every shape needs a decode-capable worker (and a prefill worker if disaggregated)")
     p_same = np.array([_same_node_share(s, devices_per_node) for s in shapes])[:, None]
     r = _solve(cf, n_dw, n_p, dis, p_same, engine, reps, tol, cfp)
-    T = r["T"]
+    T, w = r["T"], reps.w
     comp = _expected_max(T, r["sigma"], reps, grid_points)
-    gen = float((reps.w * (reps.work["Dn"] + reps.work["K"])).sum())
+    gen = float((w * (reps.work["Dn"] + reps.work["K"])).sum())
+    end, mean_T, run = comp, (w * T).sum(1) / w.sum(), r
+    if batch.queued > 0:
+        run = _solve(cf, n_dw, n_p, dis, p_same, engine, reps, tol, cfp, steady=True)
+        steady_T = (w * run["T"]).sum(1) / w.sum()
+        comp, gen = comp + batch.queued * steady_T / w.sum(), gen * (1 + batch.queued / w.sum())
     out = []
     for i, s in enumerate(shapes):
-        j = int(np.argmin(np.abs(T[i] - comp[i])))  # the critical trajectory: the one ending nearest
+        j = int(np.argmin(np.abs(T[i] - end[i])))  # the critical trajectory: the one ending nearest
         terms = dict(env=float(reps.work["E"][j]), decode=float(reps.work["Dn"][j] * r["tau_h"][i, j]),
                      prefill=float(r["own"][i, j] + reps.work["K"][j] * r["omega"][i, j]))
         terms["decode"] += max(T[i, j] - sum(terms.values()), 0.0)  # own-context reads ride with decode
-        out.append(Prediction(float(comp[i]), gen / float(comp[i]), float(r["concurrency"][i]),
+        out.append(Prediction(float(comp[i]), gen / float(comp[i]), float(run["concurrency"][i]),
                               max(terms, key=terms.get),
                               dict(critical_path=terms, critical_T=float(T[i, j]), spread_s=float(r["sigma"][i, j]),
-                                   mean_T=float((reps.w * T[i]).sum() / reps.w.sum()),
-                                   evicted_share=float(r["evict"][i]), iterations=r["iters"])))
+                                   mean_T=float(mean_T[i]), evicted_share=float(run["evict"][i]),
+                                   iterations=r["iters"] + (run["iters"] if run is not r else 0))))
     return out
 
 
@@ -315,17 +330,6 @@ def _with_tp(pm: PerfModel, tp: int) -> PerfModel:
     if hit is None or hit[0] is not pm:
         hit = _DERIVED[(id(pm), tp)] = (pm, pm.with_tp(tp))
     return hit[1]
-
-
-def pipelined(p: Prediction, n: int, total: int) -> Prediction:
-    """`p`, predicted for a batch of `n` trajectories, as the completion of `total` run at most `n` at
-    a time (a cap on trajectories in flight): the other total − n go through n at a time, one every
-    mean trajectory life / n (Little's law), then the last n finish as predicted; tokens/s: the
-    total's tokens over that time."""
-    if n >= total:
-        return p
-    t = p.completion_s + (total - n) * p.breakdown.get("mean_T", p.completion_s) / n
-    return replace(p, completion_s=t, tokens_per_s=p.tokens_per_s * p.completion_s * total / n / t)
 
 
 def predict(shape: LayoutShape, perf: PerfModel, engine: EngineConfig, stats: WorkloadStats,

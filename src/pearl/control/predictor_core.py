@@ -110,12 +110,14 @@ class BatchReps:
 
 
 # ------------------------------------------------------------------ the fixed point
-def _solve(cf, n_dw, n_p, dis, p_same, engine: EngineConfig, reps: BatchReps, tol: float, cfp=None) -> dict:
+def _solve(cf, n_dw, n_p, dis, p_same, engine: EngineConfig, reps: BatchReps, tol: float, cfp=None,
+           steady: bool = False) -> dict:
     """T_i and σ_i of every representative (columns) under every candidate (rows): from a first guess
     (`_start`), iterate the segments' rates (`_segments`, `_rates`) to a fixed point, then add the
     worker-mate spread (`_spread`). `cf`: the decode (or mixed) workers' coefficients per candidate;
-    `cfp`: the prefill workers' (default `cf`: the same tp)."""
-    s = _start(cf, n_dw, n_p, dis, p_same, reps, cf if cfp is None else cfp)
+    `cfp`: the prefill workers' (default `cf`: the same tp). `steady`: the reps replaced as they
+    finish (a capped pipeline): the alive set never changes (`_segments`), no first-prompt burst."""
+    s = _start(cf, n_dw, n_p, dis, p_same, reps, cf if cfp is None else cfp, steady)
     C, N, K, ic = s.C, s.N, s.K, s.ic
     T, tau_h, wait, b_ref, ctx_ref = s.T, s.tau_h, s.wait, s.b_ref, s.ctx_ref
     for it in range(60):
@@ -145,7 +147,7 @@ def _solve(cf, n_dw, n_p, dis, p_same, engine: EngineConfig, reps: BatchReps, to
     return _spread(s, g, r, T, tau_h, it + 1)
 
 
-def _start(cf, n_dw, n_p, dis, p_same, reps: BatchReps, cfp) -> SimpleNamespace:
+def _start(cf, n_dw, n_p, dis, p_same, reps: BatchReps, cfp, steady: bool = False) -> SimpleNamespace:
     """What stays fixed through `_solve` (the reps' work, the candidates, the per-turn prefill costs,
     the first prompts' burst, the mate share), and the first guess of T, τ_h, the queue wait and the
     colocated steps' reference batch and context. Prefill work (a prefill worker's steps, the first
@@ -175,7 +177,7 @@ def _start(cf, n_dw, n_p, dis, p_same, reps: BatchReps, cfp) -> SimpleNamespace:
     n_all = w.sum()
     p_time = (cfp.a_tok * prompt + cfp.a_pair * prompt ** 2 / 2) / cfp.flop_rate
     p_mean = (p_time * w * fresh).sum(1, keepdims=True) / max((w * fresh).sum(), 1e-9)
-    burst = 0.5 * np.maximum((w * fresh).sum() / np.where(dis, n_p, n_dw) - 1, 0) * p_mean * fresh
+    burst = 0.5 * np.maximum((w * fresh).sum() / np.where(dis, n_p, n_dw) - 1, 0) * p_mean * fresh * (not steady)
     # Of the N-1 others, N/n - 1 share a trajectory's worker (spread evenly, then session affinity).
     mate = np.clip((n_all / n_dw - 1) / max(n_all - 1, 1e-9), 0.0, 1.0)
     # Start from half of the mates decoding alongside, each at the batch's mean context.
@@ -190,7 +192,7 @@ def _start(cf, n_dw, n_p, dis, p_same, reps: BatchReps, cfp) -> SimpleNamespace:
     return SimpleNamespace(cf=cf, cfp=cfp, cc=cc, dis=dis, n_p=n_p, C=C, N=N, ic=ic, K=K, ev_x=ev_x, ev_a=ev_a,
                            ev_m=ev_m, ev_w=ev_w, starts=starts, own=own, s1=s1, xfer=xfer, n_all=n_all,
                            burst=burst, mate=mate, rowoff=rowoff, per_rep=per_rep, T=T, tau_h=tau_h,
-                           wait=wait, b_ref=b_ref, ctx_ref=ctx_ref)
+                           wait=wait, b_ref=b_ref, ctx_ref=ctx_ref, steady=steady)
 
 
 def _segments(s: SimpleNamespace, engine: EngineConfig, T, tau_h, wait) -> SimpleNamespace:
@@ -210,7 +212,14 @@ def _segments(s: SimpleNamespace, engine: EngineConfig, T, tau_h, wait) -> Simpl
     # Sums over the alive (reverse cumulative sums in completion order), all in one pass.
     queued = np.minimum((K_s * wait_s + own_s) / Ts, 1.0)  # share of its life in the prefill queue
     parts = np.stack([ws, ws * ps, wc0 * ps, ws * ps * slope, wc0, ws * slope, wK / Ts, ws * think, ws * queued])
-    S_w, S_p, S_pc, S_ps, S_c0, S_sl, S_k, S_z, S_q = np.cumsum(parts[:, :, ::-1], axis=2)[:, :, ::-1]
+    if s.steady:  # replaced as they finish: the alive are each kind in proportion to its life, at mid-life
+        parts[3] *= Ts / 2
+        parts[5] *= Ts / 2
+        tmid = 1.0
+        sums = (parts * (s.n_all * Ts / (ws * Ts).sum(1, keepdims=True))).sum(2, keepdims=True)
+        S_w, S_p, S_pc, S_ps, S_c0, S_sl, S_k, S_z, S_q = np.broadcast_to(sums, parts.shape)
+    else:
+        S_w, S_p, S_pc, S_ps, S_c0, S_sl, S_k, S_z, S_q = np.cumsum(parts[:, :, ::-1], axis=2)[:, :, ::-1]
     oth = np.maximum(S_w - 1, 0) / np.maximum(S_w, 1e-12)  # share of the alive that are others
     S_c, S_all = S_pc + S_ps * tmid, S_c0 + S_sl * tmid  # contexts decoding / held by all alive
     B = np.minimum(1 + S_p * oth * mate, engine.max_num_seqs)
