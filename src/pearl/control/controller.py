@@ -98,6 +98,7 @@ class Controller(Lending):
         self.lent: list[int] = []
         self._return_wait = 0.0
         self._preds: dict[LayoutShape, Prediction] = {}
+        self._scored: dict = {}  # the selector's predictions for this estimate and batch (`select`'s memo)
         self._max_active = 0.0
         self._mark: tuple | None = None  # (t, shape, tokens, changes, full, active integral) at the last tick
         self._changes = 0  # layout changes made by this controller (a measurement spans none)
@@ -199,6 +200,7 @@ class Controller(Lending):
         old = {sh: p.tokens_per_s for sh, p in self._preds.items() if self.refit.ratios.get(sh) is not None}
         self.reps = prepare(self.workload.stats, self.batch, self.k.predict_reps, self.k.predict_events)
         self._preds.clear()
+        self._scored.clear()
         for sh, new in zip(old, self._predict(list(old))):
             self.refit.rescale(sh, old[sh] / max(new.tokens_per_s, 1e-12))
 
@@ -282,7 +284,7 @@ class Controller(Lending):
         only = None if pd and n_devices >= 2 * min(tps) else [LayoutShape.colocated(n_devices // tp, tp) for tp in tps]
         sel = select(n_devices - n_devices % min(tps), {tp: s.perf_for(tp) for tp in tps}, s.engine,
                      self.workload.stats, self.batch, current=cur if _valid(cur) else None, shapes=only,
-                     devices_per_node=s.devices_per_node, per_role=self.cfg.per_role_tp)
+                     devices_per_node=s.devices_per_node, per_role=self.cfg.per_role_tp, memo=self._scored)
         return sorted(((s_, replace(p_, completion_s=self.refit.corrected(s_, p_.completion_s)))
                        for s_, p_, _, _ in sel.ranked), key=lambda x: x[1].completion_s)
 

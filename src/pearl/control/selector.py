@@ -94,28 +94,42 @@ def select(n_devices: int, perf_for_tp: Callable[[int], PerfModel] | Mapping[int
            tps: Sequence[int] | None = None, shapes: Sequence[LayoutShape] | None = None,
            devices_per_node: int = 8, max_reps: int = 32, max_events: int | None = 8,
            exhaustive: int = 48, coarse_points: int = 6, refine_points: int = 16, margin: float = 0.03,
-           tol: float = 1e-2, per_role: bool = False) -> Selection:
+           tol: float = 1e-2, per_role: bool = False, memo: dict | None = None) -> Selection:
     """Rank layout shapes for `n_devices` by predicted completion of `batch` + transition cost.
 
     `perf_for_tp(tp)` gives the worker model at that tp (a mapping's keys are the allowed tps; a tp
     whose model does not fit in memory is skipped). `shapes` restricts the choice to those shapes;
     otherwise a tp (with `per_role`, a (prefill tp, decode tp) pair) with at most `exhaustive` ratios
     is searched exhaustively, a larger one coarse-to-fine (only grids within `margin` of the best are
-    refined). The current layout costs nothing to keep."""
+    refined). The current layout costs nothing to keep. `memo`: predictions of earlier calls for the
+    same workload statistics and batch (the caller clears it when either changes), reused by shape and
+    worker models."""
     if tps is None:
         tps = sorted(perf_for_tp) if isinstance(perf_for_tp, Mapping) else (engine.tp,)
     perfs = _fitting_models(perf_for_tp, tps)
     scored: dict[LayoutShape, Prediction] = {}
-    reps = prepare(stats, batch, max_reps, max_events)  # once: every candidate sees the same batch
+    reps = None
+
+    def prepared():  # once, and only if something is predicted: every candidate sees the same batch
+        nonlocal reps
+        if reps is None:
+            reps = prepare(stats, batch, max_reps, max_events)
+        return reps
 
     def score(batch_shapes: list[LayoutShape]) -> None:
         new = [s for s in dict.fromkeys(batch_shapes)
                if s not in scored and s.tp in perfs and s.tp_of(Role.PREFILL) in perfs]
+        key = {s: (s, id(perfs[s.tp]), id(perfs[s.tp_of(Role.PREFILL)])) for s in new}
+        if memo is not None:
+            scored.update((s, memo[key[s]]) for s in new if key[s] in memo)
+            new = [s for s in new if s not in scored]
         if new:
             for s, p in zip(new, predict_many(new, [perfs[s.tp] for s in new], engine, stats, batch,
-                                              devices_per_node, reps=reps, tol=tol, grid_points=48,
+                                              devices_per_node, reps=prepared(), tol=tol, grid_points=48,
                                               prefill_perfs=[perfs[s.tp_of(Role.PREFILL)] for s in new])):
                 scored[s] = p
+                if memo is not None:
+                    memo[key[s]] = p
 
     if shapes is not None:
         score(list(shapes))
