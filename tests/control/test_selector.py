@@ -89,3 +89,24 @@ def test_prefill_heavy_and_decode_heavy_pick_different_shapes_and_the_simulator_
         assert sim[sel.best] <= 1.05 * sim[best], (name, sel.best, sim)
         picks[name] = sel.best
     assert picks["prefill"].mode is Mode.DISAGGREGATED and picks["decode"].mode is Mode.COLOCATED
+
+
+def test_a_memo_reuses_predictions_and_ranks_the_same(monkeypatch):
+    """The controller keeps the selector's predictions while its estimate and batch hold: a second
+    decision (another current layout) predicts only what was not predicted yet, and ranks as a
+    decision without the memo does."""
+    import pearl.control.selector as selector
+
+    perfs, st, batch = {tp: Q8.with_tp(tp) for tp in (1, 2)}, stats(DECODE_HEAVY, 256), BatchState.fresh(256)
+    calls = []
+    real = selector.predict_many
+    monkeypatch.setattr(selector, "predict_many", lambda shapes, *a, **k: calls.append(len(shapes)) or real(shapes, *a, **k))
+    memo: dict = {}
+    select(16, perfs, ENGINE, st, batch, memo=memo)
+    first = sum(calls)
+    cur = LayoutShape.disaggregated(3, 13, 1)
+    again = select(16, perfs, ENGINE, st, batch, current=cur, memo=memo)
+    second = sum(calls) - first
+    fresh = select(16, perfs, ENGINE, st, batch, current=cur)
+    assert first > 0 and second == len(memo) - first and second < fresh.evaluated / 2
+    assert [s for s, *_ in again.ranked[:5]] == [s for s, *_ in fresh.ranked[:5]]
