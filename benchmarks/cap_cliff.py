@@ -1,13 +1,15 @@
 """Where does the KV cache start to thrash? The predictor's answer against the simulator's, on s1-swe.
 
 For one layout (colocated at `--tp`, the scenario's 8 rollout devices) and a sweep of caps on
-trajectories in flight, prints the predictor's evicted share for a pipeline of that many fresh
-trajectories (`Prediction.breakdown["evicted_share"]`, the controller's own model and settings) and
-the simulated steady-state trajectories/s of the `fixed` layout run with that cap
-(`rl.max_concurrent_trajectories`) and the scenario's seed, in the same invocation. Last: the largest
-cap the predictor calls safe (evicted share ≤ `--safe`), the simulator's best cap, and the simulated
-throughput at the former over the latter. This is why `pearl.control.admission` picks the cap from the
-measured eviction rate, not from the model.
+trajectories in flight, prints the predictor's evicted share and trajectories/s for the scenario's
+pipeline ((η + 1)·B trajectories) run at most `cap` at a time, as the controller predicts it once its
+cap is `cap` (`BatchState(n_fresh=cap, queued=pipeline - cap)`: the queued ones in steady state; the
+controller's own settings), and the simulated steady-state trajectories/s of the `fixed` layout run
+with that cap (`rl.max_concurrent_trajectories`) and the scenario's seed, in the same invocation.
+Last: the largest cap the predictor calls safe (evicted share ≤ `--safe`), the cap it predicts
+fastest, the simulator's best cap, and the simulated throughput at the predictor's fastest cap over
+the simulator's best. (Before the steady-state model, commit 9bd0d60, the predictor saw no eviction
+up to 160 in flight at tp2, where the simulator already thrashes.)
 
 Usage: python benchmarks/cap_cliff.py [--tp 2] [--safe 0.05] [--caps 96 128 160 192 256 512]
     [--scenario scenarios/s1-swe-qwen3-8b.yaml]
@@ -40,9 +42,11 @@ def main() -> None:
     k = base.policy.controller
     stats = WorkloadStats.from_workload(sim0.workload)
     shape = LayoutShape.colocated(base.cluster.rollout_devices // a.tp, a.tp)
+    pipeline = (base.rl.staleness + 1) * base.rl.prompts_per_batch * base.rl.group_size
     rows = []
     for cap in a.caps:
-        batch = BatchState.fresh(cap)
+        n = min(cap, pipeline)
+        batch = BatchState(n_fresh=n, queued=pipeline - n)
         reps = prepare(stats, batch, k.predict_reps, k.predict_events)
         (pred,) = predict_many([shape], [sim0.perf_for(a.tp)], base.engine, stats, batch,
                                base.cluster.devices_per_node, reps=reps, tol=k.predict_tol,
@@ -51,14 +55,15 @@ def main() -> None:
                                                       "rl": {"max_concurrent_trajectories": cap}})
         res = Simulator(cfg).run()
         tps = res["throughput"]["trajectories_per_s"]
-        rows.append((cap, pred.breakdown["evicted_share"], tps, res["reconfiguration"]["kv_evictions"]))
-        print(f"cap {cap:4d}: predicted evicted share {pred.breakdown['evicted_share']:.2f}   "
-              f"simulated {tps:.4f} traj/s, {res['reconfiguration']['kv_evictions']} evictions", flush=True)
+        rows.append((cap, pred.breakdown["evicted_share"], tps, pipeline / pred.completion_s))
+        print(f"cap {cap:4d}: predicted evicted share {pred.breakdown['evicted_share']:.2f}, "
+              f"{pipeline / pred.completion_s:.4f} traj/s   simulated {tps:.4f} traj/s, "
+              f"{res['reconfiguration']['kv_evictions']} evictions", flush=True)
     safe = max((c for c, ev, _, _ in rows if ev <= a.safe), default=min(a.caps))
+    fast = max(rows, key=lambda r: r[3])
     best = max(rows, key=lambda r: r[2])
-    at_safe = next(r[2] for r in rows if r[0] == safe)
-    print(f"{shape}: predictor's largest safe cap {safe}, simulator's best cap {best[0]}; "
-          f"simulated traj/s at the predictor's cap / at the best: {at_safe / best[2]:.3f}")
+    print(f"{shape}: predictor's largest safe cap {safe}, fastest cap {fast[0]}; simulator's best cap "
+          f"{best[0]}; simulated traj/s at the predictor's fastest cap / at the best: {fast[2] / best[2]:.3f}")
 
 
 if __name__ == "__main__":

@@ -147,7 +147,9 @@ def test_layouts_are_ranked_at_the_capped_concurrency():
     """s1-swe on 8 devices: with 512 trajectories in flight the predictor ranks 1P:3D@tp2 first; the
     simulator, with PEARL's cap at 128, runs colocated×2@tp4 20% faster (0.197 vs 0.163 traj/s, seed
     0, fixed layouts). Once the cap is set the controller predicts at 128 in flight and ranks as the
-    simulator measures (predicting at the gate's level made PEARL flap between the two on s1-swe)."""
+    simulator measures (predicting at the gate's level made PEARL flap between the two on s1-swe).
+    Once its admission control has set a cap, it ranks each layout at the cap that layout would
+    settle at, so colocated leads even when the cap is still high (448)."""
     from pathlib import Path
 
     from pearl.config import ScenarioConfig, load_config
@@ -155,24 +157,34 @@ def test_layouts_are_ranked_at_the_capped_concurrency():
     from pearl.types import LayoutShape
 
     root = Path(__file__).resolve().parents[2]
-    sim = Simulator(load_config(root / "scenarios" / "s1-swe-qwen3-8b.yaml", ScenarioConfig,
-                                {"policy": {"name": "pearl"}}))
-    ctl = sim.control.setup().controller  # (not run: the controller as the run would start it)
-    specs = [sim.workload.trajectory(i, i // 8) for i in range(512)]  # as if one pipeline had finished
-    ctl.workload.observe(specs, len(specs))
-    ctl._repredict()
     colo, pd = LayoutShape.colocated(2, 4), LayoutShape.disaggregated(1, 3, 2)
 
-    def first(cur):
-        ranked = [s for s, _ in ctl._rank(8, [2, 4], cur) if s in (colo, pd)]
-        return ranked[0]
+    def controller(adapt_cap: bool):
+        sim = Simulator(load_config(root / "scenarios" / "s1-swe-qwen3-8b.yaml", ScenarioConfig,
+                                    {"policy": {"name": "pearl", "adapt_cap": adapt_cap}}))
+        ctl = sim.control.setup().controller  # (not run: the controller as the run would start it)
+        specs = [sim.workload.trajectory(i, i // 8) for i in range(512)]  # as if one pipeline had finished
+        ctl.workload.observe(specs, len(specs))
+        ctl._repredict()
+        return ctl
 
-    assert first(colo) == pd
-    whole = ctl._predict([colo])[0].completion_s
-    ctl._recap(128)
-    assert ctl.batch.size == 128 and first(colo) == colo
+    def first(ctl, cur=colo):
+        return [s for s, _ in ctl._rank(8, [2, 4], cur) if s in (colo, pd)][0]
+
+    fixed_cap = controller(False)  # no admission control: ranked where it runs
+    assert first(fixed_cap) == pd
+    fixed_cap._recap(448)
+    assert first(fixed_cap) == pd
+    whole = fixed_cap._predict([colo])[0].completion_s
+    fixed_cap._recap(128)
+    assert fixed_cap.batch.size == 128 and first(fixed_cap) == colo
     # still the pipeline's completion (512 trajectories), at the capped concurrency
-    assert ctl._predict([colo])[0].completion_s > 0.5 * whole
+    assert fixed_cap._predict([colo])[0].completion_s > 0.5 * whole
+    adaptive = controller(True)
+    assert first(adaptive) == pd  # no cap yet: nothing measured says the cache thrashes
+    adaptive.admission.cap = 448  # (as its first thrash reading would set it)
+    adaptive._recap(448)
+    assert first(adaptive) == colo and first(adaptive, pd) == colo
 
 
 def test_a_configured_cap_is_predicted_from_the_start():
@@ -217,3 +229,9 @@ def test_the_cap_stays_within_its_bounds_whatever_the_counters_do():
                 assert max(group, ctl.floor) <= ctl.cap <= ctl.top
 
     run()
+
+
+def test_the_caps_a_layout_is_ranked_at_stay_within_the_floor_and_the_ceiling():
+    assert AdmissionControl(K, pipeline=512, group=8).caps() == [128, 192, 256]
+    assert AdmissionControl(K, pipeline=512, group=8, ceiling=160).caps() == [128, 160]
+    assert AdmissionControl(K, pipeline=24, group=8).caps() == [8, 9, 12]  # never below one group

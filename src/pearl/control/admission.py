@@ -13,9 +13,11 @@ readings at the cap, and once a trajectory's mean life has passed since the last
 signal lags the cap: a trajectory admitted now evicts others only as its context grows, turns
 later), it rises by one step, back to no cap at the gate's level. Between the two it holds.
 The controller predicts the layouts at the cap it sets (`Controller._recap`), but the cap itself is
-model-free on purpose: the predictor's eviction term is optimistic in exactly this regime (on
-s1-swe at tp2 it sees no eviction up to 160 in flight, where the simulator already evicts and runs
-6% below its best cap, 128: `benchmarks/cap_cliff.py`), and the cache it measures is the real one.
+measured, not predicted: the predictor now finds the cliff where the simulator does (on s1-swe its
+fastest cap is 128 at tp2, the simulator's best; 128 at tp4, where the simulator's best is 160:
+`benchmarks/cap_cliff.py`), but its evicted share jumps from 0 to 1 across one step of the cap, a
+cap set from it at the start did no better than this search from no cap (s1-swe, seeds 0–3: 0.298
+traj/s from 128, 0.303 from 192 or from none), and the cache measured is the real one.
 
 Pure: counters in, a cap and a reason out. No clocks, no I/O.
 """
@@ -32,7 +34,7 @@ class AdmissionControl:
     def __init__(self, k: AdmissionConfig, pipeline: int, group: int, ceiling: int | None = None):
         """`pipeline`: the staleness gate's level, (η + 1)·B; `group`: trajectories admitted together;
         `ceiling`: the configured cap (`rl.max_concurrent_trajectories`), never exceeded."""
-        self.k, self.ceiling = k, ceiling
+        self.k, self.ceiling, self.pipeline = k, ceiling, pipeline
         self.top = min(pipeline, ceiling) if ceiling is not None else pipeline
         self.step = max(group, math.ceil(k.increase_share * pipeline))
         self.floor = min(self.top, max(group, math.ceil(k.floor_share * pipeline)))
@@ -45,6 +47,14 @@ class AdmissionControl:
         self._calm = 0
         self._changed_t = 0.0
         self._devices = 0  # devices holding KV (decode-capable workers') when the cap was last set
+
+    def caps(self) -> list[int]:
+        """Caps a thrashing layout may settle at: a quarter, three eighths and a half of the staleness
+        gate's level, within the floor and the ceiling. The controller ranks each layout at the best of
+        these and the cap in force (`Controller._rank`), since this search moves the cap to where that
+        layout's cache stops thrashing, not where the current layout's did. (The grid of eighths up to
+        the full level ranked no better on s1-swe and cost 2.3x the control time: docs/results.md.)"""
+        return sorted({max(self.floor, min(self.top, round(k * self.pipeline / 8))) for k in (2, 3, 4)})
 
     def observe(self, t: float, evictions: int, finished: int, trajectories: int, in_flight: float,
                 steady: bool = True, devices: int = 0) -> tuple[int | None, str] | None:

@@ -7,7 +7,8 @@ their reasons, the next tick). The simulator (`pearl.runtime.sim_control`) and t
 `Actuators`; neither is known here.
 
 One decision (`decide`): the budget (live workers + usable free devices) → predictions of the
-in-flight pipeline batch per candidate shape (`control.predictor`), corrected by what each shape was
+in-flight pipeline batch per candidate shape (`control.predictor`; with the admission control on, the
+best few each at the cap it would settle at: `AdmissionControl.caps`), corrected by what each shape was
 measured to deliver (`control.refit`) → the best shape (`control.selector`) → the smallest
 make-before-break plan (`control.planner`) → the cost-aware gate (`control.switching`) → actions.
 Borrowing (`control.lending`: on `TrainerIdle`, and on a tick while the trainer waits for its batch
@@ -27,7 +28,7 @@ from pearl.control.borrowing import BorrowPlanner
 from pearl.control.estimate import LifetimeEstimator, WorkloadEstimator
 from pearl.control.lending import RETURNED, Lending, next_batch_at
 from pearl.control.lending import serves as _valid
-from pearl.control.observation import (Decision, DeviceObs, DevicesAdded, DevicesRemoved, Effects, Event, Flip,
+from pearl.control.observation import (Decision, DevicesAdded, DevicesRemoved, Effects, Event, Flip,
                                        Notice, Observation, Redecide, SetCap, Start, Stop, TrainerIdle,
                                        TrainerNeedsDevices)
 from pearl.control.planner import (DeviceView, Plan, StepKind, TransitionCosts, WorkerView, plan_full_restart,
@@ -98,7 +99,7 @@ class Controller(Lending):
         self.lent: list[int] = []
         self._return_wait = 0.0
         self._preds: dict[LayoutShape, Prediction] = {}
-        self._scored: dict = {}  # the selector's predictions for this estimate and batch (`select`'s memo)
+        self._scored: dict[int, dict] = {}  # per batch size, the selector's predictions for this estimate
         self._max_active = 0.0
         self._mark: tuple | None = None  # (t, shape, tokens, changes, full, active integral) at the last tick
         self._changes = 0  # layout changes made by this controller (a measurement spans none)
@@ -249,6 +250,8 @@ class Controller(Lending):
         cur = obs.shape
         cur_s = self.refit.corrected(cur, self._predict([cur])[0].completion_s) if _valid(cur) else math.inf
         ranked = self._rank(n_devices, tps, cur)
+        if self.admission is not None and self.admission.cap is not None:  # the current one at its cap, too
+            cur_s = min([cur_s, *(p.completion_s for x, p in ranked if x == cur)])
         best_shape, best_pred = ranked[0]
         mode, undo = "", self._undo(why, cur, cur_s) if not free else None
         if undo is not None:
@@ -282,11 +285,22 @@ class Controller(Lending):
         s = self.setting
         pd = self.adapt_pd and self.cfg.adapt_pd  # the `adapt_pd: false` ablation: colocated, tp still chosen
         only = None if pd and n_devices >= 2 * min(tps) else [LayoutShape.colocated(n_devices // tp, tp) for tp in tps]
-        sel = select(n_devices - n_devices % min(tps), {tp: s.perf_for(tp) for tp in tps}, s.engine,
-                     self.workload.stats, self.batch, current=cur if _valid(cur) else None, shapes=only,
-                     devices_per_node=s.devices_per_node, per_role=self.cfg.per_role_tp, memo=self._scored)
-        return sorted(((s_, replace(p_, completion_s=self.refit.corrected(s_, p_.completion_s)))
-                       for s_, p_, _, _ in sel.ranked), key=lambda x: x[1].completion_s)
+        n, perfs = n_devices - n_devices % min(tps), {tp: s.perf_for(tp) for tp in tps}
+
+        def at(b: BatchState, shapes=only, current=cur if _valid(cur) else None) -> dict[LayoutShape, Prediction]:
+            return {x[0]: x[1] for x in select(n, perfs, s.engine, self.workload.stats, b, current=current, shapes=shapes,
+                                               devices_per_node=s.devices_per_node, per_role=self.cfg.per_role_tp,
+                                               memo=self._scored.setdefault(b.size, {})).ranked}
+        raw = at(self.batch)
+        if self.admission is not None and self.admission.cap is not None:  # thrashing: the best few, and the
+            # current one, each at the cap it would settle at
+            top = [*list(raw)[:6], *([cur] if cur in raw else [])]
+            for c in self.admission.caps():
+                if c != self.batch.size:
+                    for x, p in at(BatchState(n_fresh=c, queued=self.pipeline - c), top, None).items():
+                        raw[x] = min(raw[x], p, key=lambda q: q.completion_s)
+        return sorted(((x, replace(p, completion_s=self.refit.corrected(x, p.completion_s))) for x, p in raw.items()),
+                      key=lambda x: x[1].completion_s)
 
     def _gate(self, t: float, why: str, mode: str, cur: LayoutShape, best: LayoutShape, best_pred: Prediction,
               cur_s: float, plan: Plan, window: float) -> tuple[bool, str, float | None, float | None]:
@@ -351,19 +365,6 @@ class Controller(Lending):
             self._trial = None  # the exploration did not lose: it stays
             return None
         return left, replace(pred, completion_s=left_s)
-
-    def _window(self, obs: Observation, free: list[DeviceView]) -> float:
-        """How long the budget's transient devices (lent or elastic, free or serving) should stay."""
-        by_id = {d.id: d for d in obs.devices}
-        devs: list[DeviceObs] = [by_id[d.id] for d in free] + [by_id[d] for w in obs.workers for d in w.devices]
-        w = math.inf
-        for d in devs:
-            if d.pool is Pool.TRAIN and d.lease_deadline is not None:  # (the first batch: its estimate grows)
-                w = min(w, max(d.lease_deadline, next_batch_at(obs.trainer, obs.t)[0]) - obs.t)
-            elif d.pool is Pool.ELASTIC:  # expected stay: the lifetimes observed so far, or until the notice
-                w = min(w, (d.notice_at - obs.t) if d.notice_at is not None
-                        else self.lifetimes.expected_stay_s(obs.t))
-        return max(w, 0.0)
 
     def _effects(self, obs: Observation, why: str, ranked, cur: LayoutShape, cur_s: float, plan: Plan | None,
                  reason: str, best: LayoutShape | None = None, best_pred: Prediction | None = None,

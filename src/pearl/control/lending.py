@@ -8,7 +8,9 @@ predictions and bookkeeping):
   the trainer's devices until then pays (a policy without a cost model lends at once), then lend
   them and start workers on them in the role that gains most (`_lend_gain`);
 - `_return` (on `TrainerNeedsDevices`): stop the lent workers one at a time (their requests migrate),
-  then reclaim the devices and re-decide the remaining layout.
+  then reclaim the devices and re-decide the remaining layout;
+- `_window`: how long the budget's transient devices (lent, or elastic) should stay, the horizon a
+  switch's gain is counted over.
 
 Before the first batch there is no batch interval to go by: the first batch is assumed to be ready
 as long after the run's start again as has passed (at 2·t). The estimate is crude on purpose: a
@@ -20,12 +22,14 @@ What it must not do: any I/O, own time (the observation carries it), or import a
 """
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 from typing import Any
 
-from pearl.control.observation import (Decision, Effects, Lend, Observation, Reclaim, Redecide, Start, Stop,
-                                       TrainerNeedsDevices, TrainerObs)
-from pearl.types import LayoutShape, Mode, Role
+from pearl.control.observation import (Decision, DeviceObs, Effects, Lend, Observation, Reclaim, Redecide, Start,
+                                       Stop, TrainerNeedsDevices, TrainerObs)
+from pearl.control.planner import DeviceView
+from pearl.types import LayoutShape, Mode, Pool, Role
 
 __all__ = ["RETURNED", "Lending", "next_batch_at", "serves", "trainer_idles"]
 
@@ -68,6 +72,7 @@ class Lending:
     return_migrate: bool
     adapt_pd: bool
     lent: list[int]
+    lifetimes: Any
     _return_wait: float
     _changes: int
 
@@ -145,3 +150,16 @@ class Lending:
         self._changes += 1
         self.lent, self._return_wait = [], 0.0
         return eff
+
+    def _window(self, obs: Observation, free: list[DeviceView]) -> float:
+        """How long the budget's transient devices (lent or elastic, free or serving) should stay."""
+        by_id = {d.id: d for d in obs.devices}
+        devs: list[DeviceObs] = [by_id[d.id] for d in free] + [by_id[d] for w in obs.workers for d in w.devices]
+        w = math.inf
+        for d in devs:
+            if d.pool is Pool.TRAIN and d.lease_deadline is not None:  # (the first batch: its estimate grows)
+                w = min(w, max(d.lease_deadline, next_batch_at(obs.trainer, obs.t)[0]) - obs.t)
+            elif d.pool is Pool.ELASTIC:  # expected stay: the lifetimes observed so far, or until the notice
+                w = min(w, (d.notice_at - obs.t) if d.notice_at is not None
+                        else self.lifetimes.expected_stay_s(obs.t))
+        return max(w, 0.0)
