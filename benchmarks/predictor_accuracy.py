@@ -47,22 +47,30 @@ SHAPES = (LayoutShape.colocated(8, 1), LayoutShape.disaggregated(1, 7, 1), Layou
 WINDOW_SEED = 999_331  # the estimator's window: trajectories of a seed no simulation uses
 
 
-def scenario(profile: str, shape: LayoutShape, seed: int, n: int, cap: int | None = None) -> ScenarioConfig:
+def scenario(profile: str, shape: LayoutShape, seed: int, n: int, cap: int | None = None,
+             devices: int = DEVICES, schedule: list | None = None) -> ScenarioConfig:
+    """One batch of `n` trajectories admitted at t=0 on `shape` (`schedule`: the workload's, held
+    from step 0 on, e.g. responses 4x longer)."""
     mode = shape.mode.value
     return parse_config(dict(
         seed=seed, model="qwen3-8b", duration_s=1e7, max_train_steps=1,
-        cluster=dict(hardware="h800", rollout_devices=DEVICES), engine=dict(tp=shape.tp),
+        cluster=dict(hardware="h800", rollout_devices=devices), engine=dict(tp=shape.tp),
         layout=dict(mode=mode, prefill=shape.n_prefill, decode=shape.n_decode),
-        workload=dict(profile=profile), rl=dict(staleness=0, prompts_per_batch=n // GROUP, group_size=GROUP,
+        workload=_workload(profile, schedule), rl=dict(staleness=0, prompts_per_batch=n // GROUP, group_size=GROUP,
                                                 max_concurrent_trajectories=cap)),
         ScenarioConfig)
 
 
-def controller_prediction(profile: str, shape: LayoutShape, window: int | None = None, cap: int | None = None) -> float:
+def _workload(profile: str, schedule: list | None) -> dict:
+    return dict(profile=profile) if not schedule else dict(profile=profile, schedule=schedule)
+
+
+def controller_prediction(profile: str, shape: LayoutShape, window: int | None = None, cap: int | None = None,
+                          devices: int = DEVICES, schedule: list | None = None) -> float:
     """What the controller predicts for `shape`: its ControlSetting (η, B), its estimator holding a
     full window of finished trajectories, its own predictor settings."""
-    cfg = parse_config(dict(model="qwen3-8b", cluster=dict(hardware="h800", rollout_devices=DEVICES),
-                            workload=dict(profile=profile), policy=dict(name="pearl", controller=dict(
+    cfg = parse_config(dict(model="qwen3-8b", cluster=dict(hardware="h800", rollout_devices=devices),
+                            workload=_workload(profile, schedule), policy=dict(name="pearl", controller=dict(
                                 estimate=dict(window=window) if window else {})),
                             rl=dict(staleness=ETA, prompts_per_batch=B // GROUP, group_size=GROUP)), ScenarioConfig)
     sim = Simulator(cfg)
