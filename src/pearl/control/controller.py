@@ -183,7 +183,7 @@ class Controller(Lending):
         since the last one. A new workload estimate re-predicts every shape; the refit's ratios
         (measured / predicted) are carried over to the new predictions, so what was measured stays."""
         self.lifetimes.observe(obs.t, obs.devices)
-        if self.workload.observe(obs.finished, obs.finished_count):
+        if self.workload.observe(obs.finished, obs.finished_count, obs.running):
             self._repredict()
 
     def _recap(self, cap: int | None) -> None:

@@ -4,7 +4,10 @@ The controller predicts with `WorkloadStats`; nobody hands it the true distribut
 trajectory has finished it uses a declared prior (`EstimateConfig`: generic medians with a spread, or
 a prior the runtime measured, e.g. `pearl train`'s environment probe). From then on it uses the last
 `window` finished trajectories the runtime reports (`Observation.finished`), blended with the prior
-while the window is not yet full. Only recent trajectories count, so a workload whose responses or
+while the window is not yet full. Early in a run the finished ones are the short ones (the long ones
+are still running), so while the window is not full the trajectories in flight count too, as far as
+they ran (`Observation.running`), each completed by draws from the censored estimates
+(`pearl.control.censored`). Only recent trajectories count, so a workload whose responses or
 observations grow during training is tracked (`WorkloadEstimator.version` moves, and the controller
 re-predicts every shape). Rebuilds happen after 1, 2, 4, ... new trajectories (a bad prior is left
 quickly), then every `refresh`.
@@ -24,6 +27,7 @@ from typing import Iterable
 import numpy as np
 
 from pearl.config_estimate import EstimateConfig
+from pearl.control.censored import Running, complete
 from pearl.control.predictor import WorkloadStats
 from pearl.types import DeviceStatus, Pool
 from pearl.workloads import TrajectorySpec
@@ -63,12 +67,15 @@ class WorkloadEstimator:
         self.pending = 0  # observed since the last rebuild
         self.version = 0  # bumped on every rebuild of `stats`
         self.used = 0  # observed trajectories `stats` was built from
+        self.used_running = 0  # of which in flight (completed by `complete_running`)
         self._summary: tuple[int, dict] = (-1, {})  # (version, summary)
         self.stats = self.prior
 
-    def observe(self, finished: Iterable[TrajectorySpec], count: int) -> bool:
-        """Take the runtime's most recent finished trajectories (`finished`, oldest first) and its
-        counter of all finished so far; True when `stats` was rebuilt."""
+    def observe(self, finished: Iterable[TrajectorySpec], count: int, running: Iterable[Running] = ()) -> bool:
+        """Take the runtime's most recent finished trajectories (`finished`, oldest first), its counter
+        of all finished so far and the trajectories in flight as far as they ran (`running`: each with
+        whether its last turn is still in progress); True
+        when `stats` was rebuilt."""
         new = count - self.seen
         if new <= 0:
             self.seen = min(self.seen, count)
@@ -80,8 +87,9 @@ class WorkloadEstimator:
         if not n or self.pending < min(self.cfg.refresh, max(1, n // 2)):
             return False
         w = round(self.cfg.prior_weight * max(0.0, 1.0 - n / self.cfg.window))
-        self.stats = WorkloadStats.from_samples(self.window, self.prior, w)
-        self.pending, self.version, self.used = 0, self.version + 1, n
+        more = complete(list(self.window), running) if n < self.cfg.window else []
+        self.stats = WorkloadStats.from_samples([*self.window, *more], self.prior, w)
+        self.pending, self.version, self.used, self.used_running = 0, self.version + 1, n + len(more), len(more)
         return True
 
     def summary(self) -> dict[str, float]:
@@ -89,7 +97,7 @@ class WorkloadEstimator:
         if self._summary[0] != self.version:
             s = self.stats
             self._summary = (self.version, {
-                "trajectories": self.used, "turns": round(s.mean("turns"), 2),
+                "trajectories": self.used, "in_flight": self.used_running, "turns": round(s.mean("turns"), 2),
                 "response_tokens": round(s.mean("response_tokens"), 1),
                 "observation_tokens": round(s.mean("observation_tokens"), 1),
                 "env_latency_s": round(s.mean("env_latency_s"), 3)})

@@ -72,6 +72,10 @@ class Observation:
     # and how many have finished since the start (a counter): what the workload estimate learns from.
     finished: tuple[TrajectorySpec, ...] = ()
     finished_count: int = 0
+    # The trajectories in flight as far as they ran (completed turns; the turn in progress with the
+    # tokens generated so far, where the runtime knows them), each with whether its last turn is still
+    # in progress: the estimate's censored observations (`pearl.control.censored`).
+    running: tuple[tuple[TrajectorySpec, bool], ...] = ()
     # KV pressure (counters since the start, on the decode-capable workers: a prefill worker's retained
     # copy is a spare): sessions whose idle KV was evicted (their next turn recomputes the context) and
     # requests finished there; the trajectories in flight now.

@@ -333,6 +333,12 @@ class AgentLoop(Routing):
             if self.engines[i].holds(tid):
                 self.engines[i].drop_session(tid)
 
+    def running(self) -> tuple[tuple[TrajectorySpec, bool], ...]:
+        """The episodes in flight as far as they ran (their completed turns; a turn in progress is not
+        seen until the engine returns it): the workload estimate's censored observations."""
+        specs = (_as_spec(ep, self.finished_count + i) for i, ep in enumerate(self.episodes.values()))
+        return tuple((s, False) for s in specs if s.turns > 0)
+
     def _fail(self, ep: Episode, reason: str) -> list[Group]:
         ep.traj.fail(reason)
         return self._close(ep)

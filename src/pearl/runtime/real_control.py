@@ -126,7 +126,8 @@ class RealControl:
         return Observation(t, devices, tuple(workers), self.state.shape(), self.trainer(),
                            tokens_generated=sum(s.tokens_decoded for s in stats),
                            active_integral=ag.episodes.area(), finished=tuple(ag.finished),
-                           finished_count=ag.finished_count, kv_evictions=sum(s.evictions for s in kv),
+                           finished_count=ag.finished_count, running=ag.running(),
+                           kv_evictions=sum(s.evictions for s in kv),
                            requests_finished=sum(s.finished for s in kv), in_flight=len(ag.episodes))
 
     # ------------------------------------------------------------------ actuators

@@ -249,7 +249,7 @@ class Simulator(SimTrainer, SimBalance):
         tr.in_env = False
         k = tr.turn
         self.next_rid += 1
-        r = Request(self.next_rid, tr.id, tr.ctx, tr.spec.responses[k], meta=tr)
+        r = tr.req = Request(self.next_rid, tr.id, tr.ctx, tr.spec.responses[k], meta=tr)
         self._submit(tr, r, self.clock.now)
 
     def _submit(self, tr: SimTrajectory, r: Request, t: float) -> None:

@@ -14,6 +14,7 @@ from pearl.control.policies import given_declared_workload, make_controller
 from pearl.control.predictor import WorkloadStats
 from pearl.runtime.driver import ControlDriver
 from pearl.types import DeviceStatus, LayoutShape, Mode, Pool, Role
+from pearl.workloads import TrajectorySpec
 
 __all__ = ["SimControl"]
 
@@ -100,9 +101,28 @@ class SimControl:
         return Observation(sim.clock.now, devices, workers, st.shape(), trainer,
                            tokens_generated=sum(e.tokens_decoded for e in sim.all_engines),
                            active_integral=sim.active_integral, finished=tuple(sim.finished_recent),
-                           finished_count=sim.finished_count,
+                           finished_count=sim.finished_count, running=self._running(),
                            kv_evictions=sum(e.evictions for e in kv), requests_finished=sum(e.finished for e in kv),
                            in_flight=sim.active)
+
+    def _running(self) -> tuple[tuple[TrajectorySpec, bool], ...]:
+        """The trajectories in flight as far as they ran (what a real runtime can see: completed turns,
+        the turn in progress with its tokens so far, no latency of an environment step still running),
+        while the estimate uses them (its window of finished ones not yet full)."""
+        sim = self.sim
+        if sim.finished_count >= sim.cfg.policy.controller.estimate.window:
+            return ()
+        out = []
+        for tr in sim.inflight.values():
+            k, sp = tr.turn, tr.spec
+            in_env = tr.in_env or k >= sp.turns  # (after the last turn: the final reward's step)
+            g = 0 if in_env or tr.req is None or tr.home is None else _generated(tr.home, tr.req)
+            resp = sp.responses[:k] + ((g,) if g > 0 else ())
+            if resp:
+                env = sp.env_latency[:k - in_env] + (0.0,) * (len(resp) - k + in_env)
+                out.append((TrajectorySpec(sp.index, sp.group, sp.prompt_tokens, resp, sp.observations[:len(resp) - 1],
+                                           env), g > 0))
+        return tuple(out)
 
     # ------------------------------------------------------------------ actuators
     def start(self, devices: tuple[int, ...], role: Role, load_s: float) -> None:
@@ -174,3 +194,10 @@ class SimControl:
             sim.state.remove_device(t, d, abrupt)
             sim.device_time[d][1] = t
         self.driver.event(DevicesRemoved(tuple(devs)))
+
+
+def _generated(eng: Any, req: Any) -> int:
+    """Tokens `req` has generated so far on the EmulatedEngine `eng` (a decode is stored lazily: its
+    join step; counted up to the last step applied)."""
+    d = eng.dec.get(req)
+    return req.num_generated + (eng.step - d.join if d is not None else 0)

@@ -25,6 +25,7 @@ class SimTrajectory:
     home: Any = None  # the decode / mixed EmulatedEngine holding its KV
     pre_home: Any = None  # the prefill EmulatedEngine holding its prefix
     generated: int = 0
+    req: Any = None  # the request of the turn in progress (or the last one)
     in_env: bool = False
     t_end: float = 0.0
     migrations: int = 0
