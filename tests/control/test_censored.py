@@ -72,3 +72,25 @@ def test_the_estimator_counts_the_running_ones_until_its_window_is_full():
     assert s["response_tokens"] * s["turns"] > 2 * without.summary()["response_tokens"] * without.summary()["turns"]
     full = WorkloadEstimator(EstimateConfig(window=len(finished), prior_weight=0))
     assert full.observe(finished, len(finished), running) and full.summary()["in_flight"] == 0
+
+
+def test_a_simulated_run_decides_on_the_trajectories_in_flight_too(monkeypatch):
+    from pearl.config import ScenarioConfig, parse_config
+    from pearl.runtime import sim_control
+    from pearl.runtime.sim import Simulator
+
+    cfg = parse_config(dict(model="qwen3-8b", duration_s=60, cluster=dict(hardware="h800", rollout_devices=8),
+                            workload=dict(profile="math-tool"), policy=dict(name="pearl"),
+                            rl=dict(prompts_per_batch=32, group_size=8, staleness=1)), ScenarioConfig)
+
+    def first_estimate() -> dict:
+        r = Simulator(cfg).run()
+        return next(d for d in r["decisions"] if d["kind"] == "layout" and d["estimate"]["trajectories"])["estimate"]
+
+    seen = first_estimate()
+    monkeypatch.setattr(sim_control.SimControl, "_running", lambda self: ())
+    finished_only = first_estimate()
+    assert seen["in_flight"] > 0 and finished_only["in_flight"] == 0
+    tokens = lambda e: e["turns"] * e["response_tokens"]  # noqa: E731
+    truth = 3.0 * 2466  # math-tool: 3 turns of ~2466 tokens on average (its profile, 1024 draws)
+    assert abs(tokens(seen) - truth) < abs(tokens(finished_only) - truth)
