@@ -33,13 +33,13 @@ def mean_tokens(specs) -> float:
     return float(np.mean([sum(s.responses) for s in specs]))
 
 
-@pytest.mark.parametrize("t", [3000, 8000])
-def test_trajectories_in_flight_pull_an_early_estimate_toward_the_truth(t):
+@pytest.mark.parametrize("t, within", [(3000, 0.45), (8000, 0.15)])
+def test_trajectories_in_flight_pull_an_early_estimate_toward_the_truth(t, within):
     finished, running = at(t)
     truth, alone = mean_tokens(SPECS), mean_tokens(finished)
     both = finished + complete(finished, running)
     assert alone < 0.45 * truth  # the finished ones are the short ones
-    assert abs(mean_tokens(both) / truth - 1) < 0.4 and mean_tokens(both) > 2 * alone
+    assert abs(mean_tokens(both) / truth - 1) < within and mean_tokens(both) > 2 * alone
     assert abs(np.mean([s.turns for s in both]) / np.mean([s.turns for s in SPECS]) - 1) < 0.1
 
 

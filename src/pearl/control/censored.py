@@ -15,7 +15,7 @@ Each trajectory in flight keeps what it ran and draws the rest conditionally: it
 at least the turns started, the turn in progress given at least its tokens so far, later turns from
 the whole response distribution, their observations and environment latencies from those seen.
 Beyond the largest value seen the estimates put the remaining mass at that value (a lower bound).
-Draws come from a generator seeded by the trajectory's index: the same inputs, the same answer.
+Draws come from a generator seeded by the trajectories in flight: the same inputs, the same answer.
 Pure: no clocks, no I/O.
 """
 from __future__ import annotations
@@ -59,13 +59,21 @@ def _km_turns(ended: np.ndarray, reached: np.ndarray) -> tuple[np.ndarray, np.nd
     return js, mass
 
 
-def _draw(rng: np.random.Generator, support: np.ndarray, mass: np.ndarray, at_least: float = -np.inf) -> float:
-    """A draw from the distribution given `at_least` (that lower bound itself when nothing is above)."""
-    m = np.where(support >= at_least, mass, 0.0)
-    total = m.sum()
-    if total <= 0:
-        return float(at_least)
-    return float(support[rng.choice(len(support), p=m / total)])
+class _Dist:
+    """A discrete distribution (sorted support, masses), drawn from by inverse CDF, many at once."""
+
+    def __init__(self, support: np.ndarray, mass: np.ndarray):
+        self.support, self.cdf = support, np.cumsum(mass)
+
+    def draw(self, rng: np.random.Generator, at_least: np.ndarray) -> np.ndarray:
+        """One draw per lower bound in `at_least`, given it (the bound itself where nothing is above)."""
+        at_least = np.asarray(at_least, float)
+        i = np.searchsorted(self.support, at_least, side="left")
+        below = np.where(i > 0, self.cdf[np.maximum(i - 1, 0)], 0.0)
+        left = self.cdf[-1] - below
+        u = below + rng.random(len(at_least)) * left
+        j = np.minimum(np.searchsorted(self.cdf, u, side="right"), len(self.support) - 1)
+        return np.where((i < len(self.support)) & (left > 1e-12), self.support[j], at_least)
 
 
 def complete(finished: list[TrajectorySpec], running: Iterable[Running]) -> list[TrajectorySpec]:
@@ -80,20 +88,24 @@ def complete(finished: list[TrajectorySpec], running: Iterable[Running]) -> list
     for r, partial in running:
         resp += r.responses
         cens += [False] * (r.turns - 1) + [partial]
-    r_sup, r_mass = _km(np.array(resp, float), np.array(cens, bool))
-    t_sup, t_mass = _km_turns(np.array([f.turns for f in finished]), np.array([r.turns for r, _ in running]))
+    r_dist = _Dist(*_km(np.array(resp, float), np.array(cens, bool)))
+    k = np.array([r.turns for r, _ in running])
+    t_dist = _Dist(*_km_turns(np.array([f.turns for f in finished]), k))
     obs = np.array([o for s in [*finished, *(r for r, _ in running)] for o in s.observations] or [0], float)
     env = np.array([e for f in finished for e in f.env_latency] or [0.0], float)
-    out = []
-    for r, partial in running:
-        rng = np.random.default_rng([r.index, 7723])
-        k = r.turns
-        turns = max(k, int(_draw(rng, t_sup, t_mass, k)))
-        last = max(r.responses[-1], int(_draw(rng, r_sup, r_mass, r.responses[-1]))) if partial else r.responses[-1]
-        more = [max(1, int(_draw(rng, r_sup, r_mass))) for _ in range(turns - k)]
-        o = list(r.observations) + [max(1, int(x)) for x in rng.choice(obs, turns - 1 - len(r.observations))]
-        e = [x if x > 0 else float(rng.choice(env)) for x in r.env_latency[:k]]
-        e += [float(x) for x in rng.choice(env, turns - len(e))]
-        out.append(TrajectorySpec(r.index, r.group, r.prompt_tokens, (*r.responses[:-1], last, *more), tuple(o),
-                                  tuple(e)))
+    rng = np.random.default_rng([len(running), sum(r.index for r, _ in running), 7723])
+    turns = np.maximum(k, t_dist.draw(rng, k).astype(int))
+    last = np.array([r.responses[-1] for r, _ in running], float)
+    partial = np.array([p for _, p in running])
+    last = np.where(partial, np.maximum(last, r_dist.draw(rng, np.where(partial, last, -np.inf))), last).astype(int)
+    more = np.maximum(1, r_dist.draw(rng, np.full(int((turns - k).sum()), -np.inf))).astype(int).tolist()
+    n_obs = turns - 1 - np.array([len(r.observations) for r, _ in running])
+    new_obs = np.maximum(1, obs[rng.integers(len(obs), size=int(n_obs.sum()))]).astype(int).tolist()
+    new_env = env[rng.integers(len(env), size=int(turns.sum()))].tolist()
+    out, m, o, e = [], 0, 0, 0
+    for (r, _), n, x, b, lst in zip(running, turns.tolist(), k.tolist(), n_obs.tolist(), last.tolist()):
+        envs = [v if v > 0 else new_env[e + i] for i, v in enumerate(r.env_latency[:x])] + new_env[e + x:e + n]
+        out.append(TrajectorySpec(r.index, r.group, r.prompt_tokens, (*r.responses[:-1], lst, *more[m:m + n - x]),
+                                  (*r.observations, *new_obs[o:o + b]), tuple(envs)))
+        m, o, e = m + n - x, o + b, e + n
     return out
