@@ -37,10 +37,7 @@ def _km(values: np.ndarray, censored: np.ndarray) -> tuple[np.ndarray, np.ndarra
     order = np.lexsort((censored, values))  # at a tie, events before censorings
     v, c = values[order], censored[order]
     at_risk = len(v) - np.arange(len(v))
-    hazard = np.where(c, 0.0, 1.0 / at_risk)
-    surv = np.cumprod(1.0 - hazard)
-    mass = np.concatenate([[1.0], surv[:-1]]) - surv
-    mass[-1] += surv[-1]
+    mass = _masses(np.where(c, 0.0, 1.0 / at_risk))
     keep = mass > 0
     return v[keep], mass[keep]
 
@@ -52,11 +49,15 @@ def _km_turns(ended: np.ndarray, reached: np.ndarray) -> tuple[np.ndarray, np.nd
     js = np.arange(1, top + 1)
     d = np.array([(ended == j).sum() for j in js], float)
     n = np.array([(ended >= j).sum() + (reached > j).sum() for j in js], float)
-    h = np.divide(d, n, out=np.zeros_like(d), where=n > 0)
-    surv = np.cumprod(1.0 - h)
+    return js, _masses(np.divide(d, n, out=np.zeros_like(d), where=n > 0))
+
+
+def _masses(hazard: np.ndarray) -> np.ndarray:
+    """The masses a sequence of hazards leaves at each point, what survives the last put on it."""
+    surv = np.cumprod(1.0 - hazard)
     mass = np.concatenate([[1.0], surv[:-1]]) - surv
     mass[-1] += surv[-1]
-    return js, mass
+    return mass
 
 
 class _Dist:

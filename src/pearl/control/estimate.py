@@ -67,15 +67,14 @@ class WorkloadEstimator:
         self.pending = 0  # observed since the last rebuild
         self.version = 0  # bumped on every rebuild of `stats`
         self.used = 0  # observed trajectories `stats` was built from
-        self.used_running = 0  # of which in flight (completed by `complete_running`)
+        self.used_running = 0  # of which in flight (completed by `censored.complete`)
         self._summary: tuple[int, dict] = (-1, {})  # (version, summary)
         self.stats = self.prior
 
     def observe(self, finished: Iterable[TrajectorySpec], count: int, running: Iterable[Running] = ()) -> bool:
         """Take the runtime's most recent finished trajectories (`finished`, oldest first), its counter
         of all finished so far and the trajectories in flight as far as they ran (`running`: each with
-        whether its last turn is still in progress); True
-        when `stats` was rebuilt."""
+        whether its last turn is still in progress); True when `stats` was rebuilt."""
         new = count - self.seen
         if new <= 0:
             self.seen = min(self.seen, count)
