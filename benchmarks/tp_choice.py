@@ -23,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import numpy as np  # noqa: E402
 
-from predictor_accuracy import B, ETA, controller_prediction, scenario  # noqa: E402
+from predictor_accuracy import B, ETA, GROUP, controller_prediction, scenario  # noqa: E402
 from pearl.runtime.sim import Simulator  # noqa: E402
 from pearl.types import LayoutShape  # noqa: E402
 
@@ -49,6 +49,10 @@ def main() -> None:
         ap.error(f"--devices must be a multiple of 8 (tp up to 8), got {a.devices}")
     if not a.scale > 0:
         ap.error(f"--scale must be positive, got {a.scale}")
+    if a.cap is not None and a.cap < GROUP:
+        ap.error(f"--cap must be at least one group ({GROUP} trajectories), got {a.cap}")
+    if a.seeds < 1:
+        ap.error(f"--seeds must be at least 1, got {a.seeds}")
     schedule = [dict(step=0, response=a.scale, turns=1 + (a.scale - 1) / 6)]
     jobs = [(LayoutShape.colocated(a.devices // tp, tp), a.devices, schedule, a.cap, a.seeds) for tp in (1, 2, 4, 8)]
     with Pool(2) as pool:
