@@ -59,6 +59,24 @@ def test_prefill_handoff_decode_matches(lm, prompts, refs):
     assert dec.stats.tokens_prefilled <= len(prompts)
 
 
+def test_a_handoff_with_no_room_for_its_kv_is_prefilled_here_when_room_frees(lm, prompts, refs):
+    """A decode worker whose KV is held by running requests cannot import a hand-off's KV: the request
+    waits and computes its context here once there is room (a real 1P:1D run with long observations
+    used to end on `no room for … imported KV tokens`), and its tokens are the same."""
+    need = max(len(prompts[1]), len(prompts[2])) + N + 1
+    cap = 16 * (-(-need // 16) + 1)  # room for one of the two requests, never both
+    assert len(prompts[1]) + len(prompts[2]) + 2 * N > cap
+    pre, dec = engine(lm, Role.PREFILL), engine(lm, Role.DECODE, kv_capacity_tokens=cap)
+    first = dec.add_request(prompts[1], GREEDY, rid="first", session="first")
+    dec.step()  # prefilled: its KV is held while it decodes
+    (out,) = pre.generate([prompts[2]], GREEDY)
+    dec.submit(out.req, GREEDY, kv=pickle.loads(pickle.dumps(out.kv)))
+    assert dec.stats.kv_imports_dropped == 1
+    done = {o.rid: o.token_ids for o in dec.run_until_done([first.rid, out.rid])}
+    assert done == {first.rid: refs[1], out.rid: refs[2]}
+    dec.blocks.check()
+
+
 @pytest.mark.parametrize("k", [0, 1, 4])  # 0: migrated mid-prefill (partial KV)
 def test_migration_mid_generation_matches(lm, prompts, refs, k):
     a, b = engine(lm), engine(lm)

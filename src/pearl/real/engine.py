@@ -152,7 +152,10 @@ class TorchEngine:
         req.max_new_tokens = params.max_new_tokens
         req.prefill_only = self.role is Role.PREFILL
         if kv is not None:
-            self.import_kv(req.session, kv)
+            try:
+                self.import_kv(req.session, kv)
+            except ResourceError:  # the KV in use leaves no room for it now: prefill the context here
+                self.stats.kv_imports_dropped += 1  # when the scheduler has room (nothing is lost)
         self._reuse_prefix(req.session, ids)
         self.scheduler.add(req)  # sets num_computed from the KV held for the session (truncating it)
         self.stats.tokens_reused += req.num_computed

@@ -84,6 +84,7 @@ class EngineStats:
     finished: int = 0
     aborted: int = 0
     evictions: int = 0  # sessions whose retained KV was evicted to make room (their next turn recomputes)
+    kv_imports_dropped: int = 0  # KV handed in (hand-off, migration) with no room for it: recomputed here
     step_log: list[tuple[int, int, int, float]] = field(default_factory=list)  # (n_decode, ctx, prefill, s)
 
 

@@ -360,7 +360,8 @@ class AgentLoop(Routing):
                 "engine_steps": sum(x.steps for x in s),
                 "tokens_prefilled": sum(x.tokens_prefilled for x in s),
                 "tokens_decoded": sum(x.tokens_decoded for x in s),
-                "tokens_reused": sum(x.tokens_reused for x in s)}
+                "tokens_reused": sum(x.tokens_reused for x in s),
+                "kv_imports_dropped": sum(getattr(x, "kv_imports_dropped", 0) for x in s)}
 
 
 def _outcome(fn: Callable[[Any], Any], arg: Any) -> tuple[Any, str | None]:
