@@ -3,6 +3,7 @@ everyone's; a hung one, one whose constructor raises, or one that returns a huge
 its own trajectory with a reason while the run goes on."""
 from __future__ import annotations
 
+import json
 import os
 import threading
 import time
@@ -11,6 +12,7 @@ import pytest
 from rich.console import Console
 
 from pearl.envs import StepResult
+from pearl.errors import PearlError
 from pearl.runtime.training import run_training
 
 pytest.importorskip("transformers")
@@ -146,3 +148,21 @@ def test_two_local_engines_step_at_the_same_time():
         loop.close()
     spans.sort()
     assert any(b0 < a1 for (a0, a1), (b0, b1) in zip(spans, spans[1:])), "no two engine steps overlapped"
+
+
+class Overgrown(Sleepy):
+    """Every step answers a 1 MB observation: no trajectory fits the engine's KV."""
+
+    delay = 0.0
+
+    def step(self, text: str) -> StepResult:
+        return StepResult("x" * 1_000_000, 0.0, False, {})
+
+
+def test_a_run_in_which_every_trajectory_fails_ends_with_an_error_naming_the_reason(tmp_path):
+    with pytest.raises(PearlError, match=r"no trajectory was trained: all 16 failed, most often with: .*KV capacity"):
+        _run(tmp_path, "Overgrown", max_steps=2)
+    s = json.loads((tmp_path / "summary.json").read_text())
+    assert s["trajectories"]["failed"] == 16 and s["trajectories"]["ok"] == 0
+    # grouped by what went wrong: no request ids in the reasons
+    assert all("KV capacity" in r and not r.startswith("request ") for r in s["failure_reasons"]), s["failure_reasons"]

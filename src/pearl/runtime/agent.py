@@ -27,6 +27,7 @@ resume elsewhere from their tokens) and given a new role (`set_role`): the real 
 from __future__ import annotations
 
 import itertools
+import re
 import threading
 import time
 from collections import deque
@@ -340,7 +341,7 @@ class AgentLoop(Routing):
         return tuple((s, False) for s in specs if s.turns > 0)
 
     def _fail(self, ep: Episode, reason: str) -> list[Group]:
-        ep.traj.fail(reason)
+        ep.traj.fail(re.sub(r"^request \S+: ", "", reason))  # the trajectory is known: what went wrong
         return self._close(ep)
 
     def _close(self, ep: Episode) -> list[Group]:

@@ -304,6 +304,9 @@ def run_training(config_path: Path | None, overrides: dict[str, Any] | None, out
         if run.backend is not None:  # Ray actors (and Ray itself, if this run started it)
             run.backend.close()
     _report(console, summary, run, out_dir)
+    if run.counts["failed"] and not run.counts["ok"] + run.counts["skipped"] and not run.stop_requested:
+        why = max(run.fail_reasons.items(), key=lambda kv: kv[1])[0]
+        raise PearlError(f"no trajectory was trained: all {run.counts['failed']} failed, most often with: {why}")
     if run.stop_requested:
         raise RunInterrupted(run.stop_requested, f"stopped by {run.stop_requested} after step {run.steps_done}; "
                                                  f"checkpoint and summary saved; continue with "
@@ -328,3 +331,7 @@ def _report(console: Console, summary: dict[str, Any], run: Run, out_dir: Path) 
                   f"trajectories ok/failed/stale/skipped {c['ok']}/{c['failed']}/{c['stale']}/{c['skipped']}; "
                   f"max staleness {summary['staleness_max']} (η={run.cfg.staleness}); saved {out_dir}",
                   highlight=False, soft_wrap=True)
+    if c["failed"]:
+        why, n = max(run.fail_reasons.items(), key=lambda kv: kv[1])
+        console.print(f"[yellow]{c['failed']} trajectories failed[/]; most often ({n}): {escape(why)} "
+                      f"(all reasons: summary.json failure_reasons)", highlight=False, soft_wrap=True)
