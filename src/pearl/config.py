@@ -33,8 +33,7 @@ MAX_SEQS = 65536  # sequences an engine runs at once
 MAX_TOKENS = 10_000_000  # a context, a token budget, a KV capacity
 MAX_BATCH = 1 << 20  # trajectories in one RL batch (prompts x group size)
 MAX_GROUP = 4096  # samples per prompt
-MAX_STEPS = 10_000_000  # train steps
-MAX_STALENESS = 1000  # policy versions
+MAX_STEPS, MAX_STALENESS = 10_000_000, 1000  # train steps, policy versions
 MAX_DURATION_S = 365 * 24 * 3600.0  # every duration / time (a year: long virtual runs stop at max_train_steps)
 MAX_QUANTITY = 1e9  # any value of a workload distribution (tokens, turns, seconds, devices)
 MAX_SEED = 2**63 - 1
@@ -167,6 +166,8 @@ class EngineConfig(Frozen):
     max_batched_tokens: int = Field(default=8192, ge=16, le=MAX_TOKENS)  # chunked-prefill token budget per step
     memory_utilization: float = Field(default=0.9, gt=0, le=1)
     block_size: int = Field(default=16, ge=1, le=4096)
+    # KV tokens a worker holds at most (a configured pool, like pearl train's); None: what memory leaves
+    kv_capacity_tokens: int | None = Field(default=None, ge=1, le=MAX_TOKENS)
 
 
 class LayoutConfig(Frozen):
@@ -238,8 +239,7 @@ class ControllerConfig(Frozen):
     elastic_stay_s: float = Field(default=3600.0, gt=0, le=MAX_DURATION_S)
     estimate: EstimateConfig = EstimateConfig()
     admission: AdmissionConfig = AdmissionConfig()  # the in-flight cap (`control.admission`)
-    # The switching gate: hysteresis band (relative), streak for marginal candidates, and how many
-    # bands make a candidate "clear" (taken at once).
+    # The switching gate: hysteresis band (relative), streak for marginal ones, bands that make one "clear"
     hysteresis: float = Field(default=0.05, ge=0, le=1e6)
     confirm: int = Field(default=3, ge=1, le=1_000_000)
     clear: float = Field(default=3.0, ge=0, le=1e6)

@@ -131,3 +131,26 @@ def test_a_missing_run_directory_or_unfit_profile_is_one_line(tmp_path):
         build_twin(run.config, replace(PROFILE, model="qwen3-8b"), run)
     with pytest.raises(ConfigError, match="'h100' at tp 1"):
         build_twin(run.config, replace(PROFILE, hardware="h100"), run)
+
+
+def test_the_twins_engines_hold_the_runs_kv_pool_not_the_hosts_memory(tmp_path):
+    """pearl train's engines have a configured KV pool (`engine.kv_capacity_tokens`); the twin's and the
+    controller's models must hold that many tokens, not the ~30 M the host's memory would leave."""
+    from pearl.runtime.real_layout import control_setting
+    from pearl.runtime.sim import Simulator
+    from pearl.real.models import load_model
+    from pearl.control.estimate import WorkloadStats
+    from pearl.workloads import TrajectorySpec
+
+    run = make_run(tmp_path / "r", layout="1P:1D", workers=2, engine={"kv_capacity_tokens": 8192})
+    scn = build_twin(run.config, PROFILE, run)
+    assert scn.engine.kv_capacity_tokens == 8192
+    sim = Simulator(scn)
+    assert sim.perf_for(1).kv_capacity_tokens() == 8192 and sim.perf_for(2).kv_capacity_tokens() == 8192
+    sim.run()
+    assert {e.kv_capacity for e in sim.all_engines} == {8192}
+    setting, _ = control_setting(run.config.model_copy(update={"rollout_workers": 1}), load_model("tiny"),
+                                 WorkloadStats.from_samples([TrajectorySpec(0, 0, 40, (1, 1), (40,), (0.0, 0.0))]))
+    assert setting.perf_for(1).kv_capacity_tokens() == 8192
+    default = build_twin(make_run(tmp_path / "d").config, PROFILE, make_run(tmp_path / "d2"))
+    assert Simulator(default).perf_for(1).kv_capacity_tokens() == 65536  # pearl train's default pool

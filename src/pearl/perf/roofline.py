@@ -82,7 +82,7 @@ class PerfModel:
     """Step-time model of one worker: `model` sharded over `tp` devices of kind `hw`."""
 
     def __init__(self, model: ModelShape, hw: Hardware, tp: int = 1, coeffs: PerfCoeffs = PerfCoeffs(),
-                 memory_utilization: float = 0.9):
+                 memory_utilization: float = 0.9, kv_capacity: int | None = None):
         if tp < 1:
             raise ValueError(f"tp must be >= 1, got {tp}")
         if not 0 < memory_utilization <= 1:
@@ -90,6 +90,9 @@ class PerfModel:
         coeffs = coeffs.resolved(hw)
         self.model, self.hw, self.tp, self.coeffs = model, hw, tp, coeffs
         self.memory_utilization = memory_utilization
+        # An engine whose KV pool is configured (pearl train's `engine.kv_capacity_tokens`) holds at
+        # most that many tokens, however much memory the device has.
+        self.kv_capacity = kv_capacity
         m, d = model, model.dtype_bytes
         # KV heads are split across tp ranks; with tp > num_kv_heads each head is replicated, so the
         # worker as a whole stores (and reads) more KV per token.
@@ -126,10 +129,13 @@ class PerfModel:
         self._form = COMBINE_FORMS.index(c.combine)  # 0 max, 1 per_op, 2 sum
 
     def with_coeffs(self, coeffs: PerfCoeffs) -> "PerfModel":
-        return PerfModel(self.model, self.hw, self.tp, coeffs, self.memory_utilization)
+        return PerfModel(self.model, self.hw, self.tp, coeffs, self.memory_utilization, self.kv_capacity)
 
     def with_tp(self, tp: int) -> "PerfModel":
-        return PerfModel(self.model, self.hw, tp, self.coeffs, self.memory_utilization)
+        return PerfModel(self.model, self.hw, tp, self.coeffs, self.memory_utilization, self.kv_capacity)
+
+    def with_kv_capacity(self, tokens: int | None) -> "PerfModel":
+        return PerfModel(self.model, self.hw, self.tp, self.coeffs, self.memory_utilization, tokens)
 
     # ------------------------------------------------------------ one engine step
     def experts_touched(self, tokens: int) -> float:
@@ -204,7 +210,8 @@ class PerfModel:
         return self._kv_bytes
 
     def kv_capacity_tokens(self) -> int:
-        """Tokens of KV that fit: (tp·memory·util - weights) / KV bytes per token."""
+        """Tokens of KV that fit: (tp·memory·util - weights) / KV bytes per token, at most the
+        configured pool (`kv_capacity`)."""
         free = self.tp * self.hw.memory_bytes * self.memory_utilization - self.model.weight_bytes
         if free <= 0:
             raise ResourceError(
@@ -212,7 +219,8 @@ class PerfModel:
                 f"on {self.tp}x {self.hw.name} at tp={self.tp} (memory_utilization "
                 f"{self.memory_utilization}: {self.tp * self.hw.memory_bytes * self.memory_utilization / 1e9:.1f}"
                 f" GB); use a larger tp")
-        return int(free // self._kv_bytes)
+        fits = int(free // self._kv_bytes)
+        return fits if self.kv_capacity is None else min(fits, self.kv_capacity)
 
     # ------------------------------------------------------------ transfers
     def kv_transfer_time(self, tokens: int, same_node: bool = True) -> float:

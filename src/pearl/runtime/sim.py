@@ -41,7 +41,7 @@ class Simulator(SimTrainer, SimBalance):
         self.model = get_model(cfg.model)
         self.hw = get_hardware(cfg.cluster.hardware)
         self.perf = PerfModel(self.model, self.hw, tp=cfg.engine.tp, coeffs=twin_coeffs(cfg.twin),
-                              memory_utilization=cfg.engine.memory_utilization)
+                              memory_utilization=cfg.engine.memory_utilization, kv_capacity=cfg.engine.kv_capacity_tokens)
         self._perfs: dict[int, PerfModel] = {cfg.engine.tp: self.perf}
         self.workload = twin_workload(cfg.twin) or Workload(cfg.workload, cfg.seed)
         rl = cfg.rl
