@@ -12,6 +12,9 @@ In one invocation:
    throughput error; the LAST line is the worst error of the colocated and the 1P:1D runs (issue 8: must
    be <= 20 %, goal <= 10 %); the η = 0 run's error is printed in its row, not in that figure.
 
+`--set key=value` (repeatable, as `pearl train --set`) changes the runs' config, e.g. a prefill-heavy
+workload where the two layouts differ (docs/results.md, "Workload shift in a real run"):
+`--set env.name=gridworld-shift --set 'env.kwargs={shift_after: 0, pad: 600}' --set engine.kv_capacity_tokens=8192`.
 `--no-shared` / `--ready-order` / `--catalogue-trainer` switch parts of the twin off (the shared executor,
 pearl train's batch order, the calibrated trainer) to show what each is worth.
 Usage: PYTHONPATH=src python benchmarks/twin.py [--steps 20] [--profile P] [--out runs/bench-twin]
@@ -71,25 +74,29 @@ def main() -> None:
     ap.add_argument("--no-shared", action="store_true")
     ap.add_argument("--ready-order", action="store_true")
     ap.add_argument("--catalogue-trainer", action="store_true")
+    ap.add_argument("--set", dest="sets", action="append", default=[], help="a pearl train --set override")
     args = ap.parse_args()
+    from pearl.cli import _parse_sets
+
+    base = _parse_sets(args.sets)
     args.out.mkdir(parents=True, exist_ok=True)
     if args.profile is None:
         from pearl.runtime.twin_profile import calibrate
 
         t0 = time.perf_counter()
-        prof = calibrate(load_train_config(None, {"rollout_workers": 2}), args.out / "profile.json")
+        prof = calibrate(load_train_config(None, {**base, "rollout_workers": 2}), args.out / "profile.json")
         print(f"calibrated in {time.perf_counter() - t0:.1f} s -> {args.out / 'profile.json'}")
     else:
         prof = load_profile(args.profile)
     tr = prof.trainer
-    print(f"trainer: {tr.fixed_s * 1e3:.1f} ms + {tr.per_token_s * 1e6:.2f} us/token (+ log {tr.log_s * 1e3:.1f} ms, "
+    print(f"trainer: {tr.fixed_s * 1e3:.1f} ms + {tr.per_token_s * 1e6:.2f} us/token + {tr.per_pair_s * 1e9:.2f} ns/pair (+ log {tr.log_s * 1e3:.1f} ms, "
           f"checkpoint {tr.checkpoint_s * 1e3:.0f} ms); shared (workers, engine x, trainer x together, engine x, "
           f"trainer x alone): {list(tr.shared)}")
     worst = 0.0
     rows = []
     for name, sets in LAYOUTS.items():
         d = args.out / name.replace(":", "")
-        wall = train(d, [f"max_steps={args.steps}", "policy.name=fixed", *sets])
+        wall = train(d, [*args.sets, f"max_steps={args.steps}", "policy.name=fixed", *sets])
         run = read_run(d)
         real = real_figures(run)
         sim = sim_figures(simulate_twin(twin_variant(build_twin(run.config, prof, run), args)))

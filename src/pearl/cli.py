@@ -292,7 +292,7 @@ def profile(
         prof = calibrate(cfg, output)
     tr = prof.trainer
     out.print(f"saved {output} ({prof.model} on {prof.hardware}; trainer {tr.fixed_s * 1e3:.1f} ms + "
-              f"{tr.per_token_s * 1e6:.2f} us/token)")
+              f"{tr.per_token_s * 1e6:.2f} us/token + {tr.per_pair_s * 1e9:.2f} ns/attention pair)")
 
 
 @app.command("convert-gguf")

@@ -6,8 +6,8 @@ exactly as before.
 - `engine_coeffs`: the engine's calibrated `pearl.perf.roofline.PerfCoeffs` fields (a `pearl profile`
   file's `coeffs`), used instead of the catalogue's for every worker;
 - `trainer`: the trainer's calibrated cost (the profile's `trainer`): a step takes
-  fixed_s + per_token_s x the tokens it computes (`pearl.perf.profile.trainer_tokens`), instead of the
-  roofline's `train_step_time` at `rl.train_mfu`;
+  fixed_s + per_token_s x the tokens + per_pair_s x the attention pairs it computes
+  (`pearl.perf.profile.trainer_work`), instead of the roofline's `train_step_time` at `rl.train_mfu`;
 - `trajectories`: a run's `trajectories.jsonl` (`pearl.runtime.observe.RunLog.trajectories`): group g's
   trajectories are that run's group g (turns, token counts, environment seconds; cycling when the
   simulation admits more groups), and a trajectory whose GRPO advantage was 0 costs the trainer nothing;
@@ -35,6 +35,7 @@ class Frozen(BaseModel):  # imported by pearl.config, so not its Frozen: strict 
 class TwinTrainer(Frozen):
     fixed_s: float = Field(ge=0, le=1e6)
     per_token_s: float = Field(ge=0, le=1e3)
+    per_pair_s: float = Field(default=0.0, ge=0, le=1e3)  # per causal attention pair (long rows)
     micro_batch_size: int = Field(default=8, ge=1, le=1 << 20)
     share_prompt: bool = True
 

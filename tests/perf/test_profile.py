@@ -120,3 +120,22 @@ def test_trainer_tokens_counts_shared_prompts_once_and_pads_micro_batches():
     assert trainer_tokens([g, [(10, 20)]], 1, share_prompt=True) == 30 + 50 + 20  # one row per micro-batch
     fit = fit_trainer([(100, 0.02), (1100, 0.12), (2100, 0.22)])
     assert fit.fixed_s == pytest.approx(0.01) and fit.per_token_s == pytest.approx(1e-4)
+
+
+def test_the_trainer_fit_has_an_attention_term_that_long_rows_need():
+    """Rows of a long-context workload cost more per token (the tiny model: ~43 us/token at 230-token
+    rows, ~420 at 4.5k): a step is fixed + per token + per causal attention pair, fitted on both."""
+    from pearl.perf.profile import TrainerProfile, fit_trainer, trainer_work
+
+    g = [(10, 30), (10, 50)]  # prompt 10 once (10²/2 pairs), then two rows padded to 50
+    assert trainer_work([g], 32) == (90, 10 * 10 / 2 + 2 * (50 * 50 - 10 * 10) / 2)
+    assert trainer_work([g], 32, share_prompt=False) == (100, 2 * 50 * 50 / 2)
+    true = TrainerProfile(0.03, 2e-5, 0, 0.0, per_pair_s=1.5e-7)
+    rows = [(l, n) for l, n in ((230, 32), (1200, 4), (3000, 2), (4500, 2))]  # (row length, rows)
+    samples = [(*trainer_work([[(40, l)] * n], 32), 0.0) for l, n in rows]
+    samples = [(t, p, true.step_time(t, p)) for t, p, _ in samples]
+    fit = fit_trainer(samples)
+    assert fit.per_pair_s == pytest.approx(1.5e-7, rel=1e-6) and fit.per_token_s == pytest.approx(2e-5, rel=1e-6)
+    linear = fit_trainer([(t, y) for t, _, y in samples])  # the old fit, without the pairs
+    long_t, long_p = trainer_work([[(40, 4500)] * 8], 32)
+    assert linear.step_time(long_t) < 0.8 * fit.step_time(long_t, long_p)  # what it missed

@@ -12,12 +12,13 @@ A coefficient left out takes the `PerfCoeffs` default (the catalogue's fitted va
 hardware's). Since the grounding (docs/perf_model.md), `allreduce_latency_s` is per ring hop.
 
 Optional (`pearl profile` writes it; files without it still load): the trainer's cost,
-    "trainer": {"fixed_s": ..., "per_token_s": ..., "n_samples": 8, "rmse": 0.003, "clock": "cpu",
+    "trainer": {"fixed_s": ..., "per_token_s": ..., "per_pair_s": ..., "n_samples": 8, "rmse": 0.003, "clock": "cpu",
                 "micro_batch_size": 32, "share_prompt": true, "threads": 1,
                 "shared": [[1, 2.7, 2.4, 1.3, 1.2]], "log_s": 0.003, "checkpoint_s": 0.15}
 one GRPO step (and the weight snapshot handed to the engines) taking fixed_s + per_token_s x the tokens
-the trainer computes (`trainer_tokens`: a trained group's shared prompt once, then every trained
-row's own tokens, padded to its micro-batch's longest row; rows whose advantage is 0 are skipped);
+the trainer computes + per_pair_s x their causal attention pairs (`trainer_work`: a trained group's
+shared prompt once, then every trained row's own tokens, padded to its micro-batch's longest row; rows
+whose advantage is 0 are skipped; a profile without per_pair_s has 0);
 `shared`: the shared-executor slowdowns (`pearl.runtime.twin_profile`); `log_s`, `checkpoint_s`: the
 trainer thread's per-step logging and one checkpoint.
 """
@@ -42,12 +43,14 @@ _COEFF_FIELDS = {f.name for f in fields(PerfCoeffs)}
 
 @dataclass(frozen=True)
 class TrainerProfile:
-    """A fitted trainer: seconds per step = fixed_s + per_token_s x `trainer_tokens(...)`."""
+    """A fitted trainer: seconds per step = fixed_s + per_token_s x tokens + per_pair_s x attention
+    pairs, both from `trainer_work(...)` (the pairs term: long rows cost more per token)."""
 
     fixed_s: float
     per_token_s: float
     n_samples: int
     rmse: float  # seconds
+    per_pair_s: float = 0.0
     clock: str = "cpu"  # "cpu" (process time) or "wall"
     micro_batch_size: int = 8
     share_prompt: bool = True
@@ -62,8 +65,8 @@ class TrainerProfile:
     log_s: float = 0.0
     checkpoint_s: float = 0.0
 
-    def step_time(self, tokens: float) -> float:
-        return self.fixed_s + self.per_token_s * tokens
+    def step_time(self, tokens: float, pairs: float = 0.0) -> float:
+        return self.fixed_s + self.per_token_s * tokens + self.per_pair_s * pairs
 
     def shared_factors(self, workers: int) -> tuple[float, ...]:
         """(engine, trainer) slowdown while both run and (engine, trainer) while the other waits, for
@@ -84,7 +87,8 @@ class TrainerProfile:
         for key in ("fixed_s", "per_token_s", "n_samples", "rmse"):
             if key not in d:
                 raise ConfigError(f"{where}: missing field 'trainer.{key}'")
-        kinds = {"fixed_s": (int, float), "per_token_s": (int, float), "rmse": (int, float), "n_samples": int,
+        kinds = {"fixed_s": (int, float), "per_token_s": (int, float), "per_pair_s": (int, float),
+                 "rmse": (int, float), "n_samples": int,
                  "clock": str, "micro_batch_size": int, "share_prompt": bool, "threads": int, "shared": list,
                  "log_s": (int, float), "checkpoint_s": (int, float)}
         d = dict(d)
@@ -105,12 +109,13 @@ class TrainerProfile:
                    shared=tuple((int(x[0]), *(float(v) for v in x[1:])) for x in shared))
 
 
-def trainer_tokens(groups: Sequence[Sequence[tuple[int, int]]], micro_batch_size: int,
-                   share_prompt: bool = True) -> int:
-    """Tokens one GRPO step computes, from each group's trained rows as (prompt tokens, total tokens):
-    rows are cut into micro-batches of `micro_batch_size` (per group with `share_prompt`, whose rows
-    then run their common prompt once), each padded to its longest row."""
-    total = 0
+def trainer_work(groups: Sequence[Sequence[tuple[int, int]]], micro_batch_size: int,
+                 share_prompt: bool = True) -> tuple[int, float]:
+    """(tokens, causal attention pairs) one GRPO step computes, from each group's trained rows as
+    (prompt tokens, total tokens): rows are cut into micro-batches of `micro_batch_size` (per group with
+    `share_prompt`, whose rows then run their common prompt once), each padded to its longest row; a
+    token attends to every earlier one of its row (~n²/2 pairs for a row of n)."""
+    total, pairs = 0, 0.0
     if not share_prompt:
         rows = [r for g in groups for r in g]
         groups = [rows[i:i + micro_batch_size] for i in range(0, len(rows), micro_batch_size)]
@@ -120,24 +125,34 @@ def trainer_tokens(groups: Sequence[Sequence[tuple[int, int]]], micro_batch_size
             width = max(t for _, t in mb)
             pre = min(p for p, _ in mb) if share_prompt and len(mb) > 1 else 0
             total += pre + len(mb) * (width - pre)
-    return total
+            pairs += pre * pre / 2 + len(mb) * (width * width - pre * pre) / 2
+    return total, pairs
 
 
-def fit_trainer(samples: Sequence[tuple[float, float]], **kw: Any) -> TrainerProfile:
-    """Least squares of (tokens, seconds) samples for seconds = fixed_s + per_token_s x tokens (both
-    kept >= 0)."""
+def trainer_tokens(groups: Sequence[Sequence[tuple[int, int]]], micro_batch_size: int,
+                   share_prompt: bool = True) -> int:
+    """The tokens of `trainer_work`."""
+    return trainer_work(groups, micro_batch_size, share_prompt)[0]
+
+
+def fit_trainer(samples: Sequence[tuple[float, ...]], **kw: Any) -> TrainerProfile:
+    """Non-negative least squares of (tokens, seconds) or (tokens, pairs, seconds) samples for
+    seconds = fixed_s + per_token_s x tokens [+ per_pair_s x pairs], each relative to its own size
+    (a long step's seconds should not drown a short one's)."""
     import numpy as np
+    from scipy.optimize import nnls
 
     x = np.array([s[0] for s in samples], float)
-    y = np.array([s[1] for s in samples], float)
+    z = np.array([s[1] if len(s) == 3 else 0.0 for s in samples], float)
+    y = np.array([s[-1] for s in samples], float)
     if len(x) < 2 or np.ptp(x) == 0:
         raise ValueError("fit_trainer needs samples at two or more token counts")
-    b, a = np.polyfit(x, y, 1)
-    if a < 0:  # a negative intercept is noise: fit through the origin
-        a, b = 0.0, float(x @ y / (x @ x))
-    b = max(float(b), 0.0)
-    rmse = float(np.sqrt(np.mean((a + b * x - y) ** 2)))
-    return TrainerProfile(float(a), b, len(x), rmse, **kw)
+    cols = [np.ones_like(x), x] + ([z] if np.ptp(z / x) > 0 else [])
+    w = 1.0 / np.maximum(y, 1e-9)
+    coef = nnls(np.stack(cols, 1) * w[:, None], y * w)[0]
+    a, b, c = float(coef[0]), float(coef[1]), float(coef[2]) if len(coef) > 2 else 0.0
+    rmse = float(np.sqrt(np.mean((a + b * x + c * z - y) ** 2)))
+    return TrainerProfile(a, b, len(x), rmse, per_pair_s=c, **kw)
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,7 @@ from typing import Any
 
 from pearl.control.observation import TrainerIdle, TrainerNeedsDevices
 from pearl.errors import ConfigError, one_line
-from pearl.perf.profile import trainer_tokens
+from pearl.perf.profile import trainer_work
 from pearl.perf.roofline import PerfCoeffs
 from pearl.workloads import load_recorded
 from pearl.rl.trajectory import Group
@@ -169,7 +169,8 @@ class SimTrainer:
         for tr in trajs:
             if self.workload.trained(tr.spec):
                 groups.setdefault(tr.spec.group, []).append((tr.spec.prompt_tokens, tr.spec.total_tokens))
-        return c.fixed_s + c.per_token_s * trainer_tokens(list(groups.values()), c.micro_batch_size, c.share_prompt)
+        tokens, pairs = trainer_work(list(groups.values()), c.micro_batch_size, c.share_prompt)
+        return c.fixed_s + c.per_token_s * tokens + c.per_pair_s * pairs
 
     def _train_end(self, trajs: list[SimTrajectory]) -> None:
         t = self.clock.now

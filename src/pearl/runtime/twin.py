@@ -115,7 +115,7 @@ def build_twin(cfg: TrainConfig, profile: Profile, run: RunRecords) -> ScenarioC
         "twin": {"engine_coeffs": coeffs, "trajectories": str(run.trajectories), "batch_order": "admission",
                  "shared": shared,
                  "trainer": {"fixed_s": tr.fixed_s + tr.log_s + tr.checkpoint_s / cfg.checkpoint_every,
-                             "per_token_s": tr.per_token_s,
+                             "per_token_s": tr.per_token_s, "per_pair_s": tr.per_pair_s,
                              "micro_batch_size": cfg.trainer.micro_batch_size,
                              "share_prompt": cfg.trainer.share_prompt}},
     }
