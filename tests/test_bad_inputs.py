@@ -119,6 +119,8 @@ CASES: list[tuple[str, str, str | bytes, tuple[str, ...]]] = [
      ("'workload.schedule.0.step' = 1.5", "valid integer")),
     ("elastic-cold-start-negative", "sim", "cluster: {elastic: {cold_start_s: -1}}\n",
      ("'cluster.elastic.cold_start_s' = -1", "greater than or equal to 0")),
+    ("kv-pool-below-context", "sim", "workload: {profile: game}\nengine: {kv_capacity_tokens: 1000}\n",
+     ("s.yaml: engine.kv_capacity_tokens (1000) is below the workload's longest context (8192 tokens)",)),
     ("compare-missing-file", "cli", "compare nope.yaml", ("nope.yaml: file not found",)),
     ("compare-seeds-zero", "cli", "compare s.yaml --seeds 0", ("'--seeds'", "0 is out of range")),
     # ---- pearl train

@@ -142,8 +142,11 @@ def simulate(
     _check_writable(path, "--out")
     if trace is not None:
         _check_writable(trace, "--trace")
+    try:
+        sim = Simulator(cfg)  # (checks what needs the workload built, e.g. the KV pool against its contexts)
+    except ConfigError as e:
+        raise ConfigError(f"{scenario}{' (with overrides)' if over else ''}: {e}") from None
     with out.status(f"simulating {cfg.name} ({cfg.policy.name}, {cfg.duration_s:.0f} virtual s)"):
-        sim = Simulator(cfg)
         res = sim.run()
     path = save(res, path)
     _print_result(res)

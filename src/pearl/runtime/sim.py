@@ -14,6 +14,7 @@ from collections import Counter, deque
 from pearl.config import ScenarioConfig
 from pearl.control.staleness import StalenessGate
 from pearl.control.state import ClusterState
+from pearl.errors import ConfigError
 from pearl.engine.emulated import EmulatedEngine
 from pearl.engine.request import Request
 from pearl.engine.router import pick_decode, pick_prefill
@@ -44,6 +45,10 @@ class Simulator(SimTrainer, SimBalance):
                               memory_utilization=cfg.engine.memory_utilization, kv_capacity=cfg.engine.kv_capacity_tokens)
         self._perfs: dict[int, PerfModel] = {cfg.engine.tp: self.perf}
         self.workload = twin_workload(cfg.twin) or Workload(cfg.workload, cfg.seed)
+        cap = cfg.engine.kv_capacity_tokens
+        if cap is not None and cap < self.workload.max_context:  # (else the longest would wait forever)
+            raise ConfigError(f"engine.kv_capacity_tokens ({cap}) is below the workload's longest context "
+                              f"({self.workload.max_context} tokens): raise it, or lower workload.max_context")
         rl = cfg.rl
         self.batch_trajs = rl.prompts_per_batch * rl.group_size
         self.gate = StalenessGate(self.batch_trajs, rl.staleness, rl.max_concurrent_trajectories)
