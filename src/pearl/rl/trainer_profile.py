@@ -2,7 +2,7 @@
 row lengths and fit seconds = fixed_s + per_token_s x tokens + per_pair_s x attention pairs
 (`pearl.perf.profile.TrainerProfile`), the trainer's part of the profile `pearl profile` writes.
 Short rows alone cannot fit the pairs term: a long-context workload (600-token observations, 5k-token
-rows) trains at ~420 us/token on the tiny model where 230-token rows take ~43 us/token, so two small
+rows) trains at ~420 us/token on the tiny model where 230-token rows take ~43 us/token, so three small
 batches of long rows (`LONG`) are timed too.
 
 A synthetic batch is `groups` GRPO groups of `group_size` rows; each group's rows share one prompt and
