@@ -128,7 +128,7 @@ def simulate(
     """Run a scenario in virtual time and print/save throughput, utilisation, concurrency, staleness."""
     from pearl.config import ScenarioConfig, load_config
     from pearl.runtime.results import save
-    from pearl.runtime.sim import Simulator
+    from pearl.runtime.sim import simulator_for
 
     over = _parse_sets(set_)
     if policy:
@@ -142,10 +142,7 @@ def simulate(
     _check_writable(path, "--out")
     if trace is not None:
         _check_writable(trace, "--trace")
-    try:
-        sim = Simulator(cfg)  # (checks what needs the workload built, e.g. the KV pool against its contexts)
-    except ConfigError as e:
-        raise ConfigError(f"{scenario}{' (with overrides)' if over else ''}: {e}") from None
+    sim = simulator_for(cfg, f"{scenario}{' (with overrides)' if over else ''}")
     with out.status(f"simulating {cfg.name} ({cfg.policy.name}, {cfg.duration_s:.0f} virtual s)"):
         res = sim.run()
     path = save(res, path)

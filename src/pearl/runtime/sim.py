@@ -367,3 +367,12 @@ class Simulator(SimTrainer, SimBalance):
         self.clock.run(self.cfg.duration_s, stop=self._done if self.cfg.max_train_steps is not None else None)
         self._count_active(0)
         return collect(self)
+
+
+def simulator_for(cfg: ScenarioConfig, what: str) -> Simulator:
+    """`Simulator(cfg)`, its checks that need the workload built (e.g. the KV pool against the longest
+    context) reported as a ConfigError naming `what` (the scenario file, as load_config names it)."""
+    try:
+        return Simulator(cfg)
+    except ConfigError as e:
+        raise ConfigError(f"{what}: {e}") from None
