@@ -128,3 +128,20 @@ def test_ray_random_engine_killed_at_a_random_moment(local_ray, tmp_path, seed):
     s["_dir"] = tmp_path
     assert killed and s["steps"] == 8 and s["ray_workers_lost"] >= 1
     books_balance(s)
+
+
+@pytest.mark.slow
+def test_ray_long_context_hand_offs_with_no_room_and_a_killed_decode_worker(local_ray, tmp_path):
+    """Long contexts (600-token observations, ~5k-token rows) on 1P:1D with a small KV pool, the prefill
+    worker's process killed mid-run: the run completes and the books balance. (It found a crash: a
+    worker that died while finished environment steps were handed out was still stepped.)"""
+    killed = []
+    t = killer(tmp_path, 2, lambda names: next(n for n in names if n.startswith("pearl-rollout-0-")), killed,
+               delay_s=0.5)
+    s = run(tmp_path, layout="1P:1D", max_steps=4, engine={"kv_capacity_tokens": 16384},
+            env={"name": "gridworld-shift", "kwargs": {"shift_after": 0, "pad": 600}},
+            policy={"name": "fixed"})
+    t.join(timeout=5)
+    s["_dir"] = tmp_path
+    assert killed and s["steps"] == 4 and s["ray_workers_lost"] == 1
+    books_balance(s)

@@ -218,7 +218,8 @@ class RayAgentLoop(AgentLoop):
         done: list[Group] = self.collect_env(0.0 if work else 0.01)
         if not work and not self.env_pending:
             time.sleep(0.002)  # only workers starting: wait for them a little
-        refs = {i: self.engines[i].actor.step.remote() for i in work}
+        # (handing finished environment steps to their workers can find one dead: `_lost` stops it)
+        refs = {i: self.engines[i].actor.step.remote() for i in work if i not in self.stopped}
         for i, ref in refs.items():
             if i in self.dead:  # died while an earlier engine's outputs were handled
                 continue
