@@ -142,7 +142,7 @@ def simulate(
     _check_writable(path, "--out")
     if trace is not None:
         _check_writable(trace, "--trace")
-    sim = simulator_for(cfg, f"{scenario}{' (with overrides)' if over else ''}")
+    sim = simulator_for(cfg, scenario, bool(over))
     with out.status(f"simulating {cfg.name} ({cfg.policy.name}, {cfg.duration_s:.0f} virtual s)"):
         res = sim.run()
     path = save(res, path)

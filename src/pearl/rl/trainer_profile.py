@@ -10,7 +10,7 @@ alternate rewards 0 and 1 (so every row has a non-zero advantage and is trained)
 model turns of `response_tokens` each with `observation_tokens` between them, the number of turns
 varying over the rows of a batch (so micro-batches are padded as in a real run). A step is timed
 with the weight snapshot that `pearl train` hands the engines after it. The tokens of a step are
-`pearl.perf.profile.trainer_tokens` of its rows, the same count the simulator prices.
+`pearl.perf.profile.trainer_work` of its rows, the same count the simulator prices.
 
 Each step is timed on the wall clock and on this process's CPU clock (`time.process_time`); with one
 intra-op thread the CPU clock is what the step would take on an idle core (robust on a busy machine).

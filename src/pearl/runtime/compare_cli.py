@@ -17,7 +17,7 @@ def run_compare(scenario: Path, seeds: int, out_dir: Path, jobs: int, duration: 
     """`sets`: overrides of the scenario's fields (`pearl compare --set`), before `duration`."""
     over = {**(sets or {}), **({"duration_s": duration} if duration is not None else {})} or None
     cfg = load_config(scenario, ScenarioConfig, over)
-    simulator_for(cfg, f"{scenario}{' (with overrides)' if over else ''}")  # fail before any run
+    simulator_for(cfg, scenario, bool(over))  # fail before any run
     t0 = time.perf_counter()
     rows = compare(cfg, [cfg.seed + i for i in range(seeds)], jobs=jobs, log=echo)
     echo(format_table(rows))

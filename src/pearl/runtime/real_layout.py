@@ -118,8 +118,7 @@ def control_setting(cfg: TrainConfig, loaded: Any, stats: WorkloadStats) -> tupl
             raise ResourceError(f"pearl train runs tensor-parallel size 1 only (asked for {tp})")
         return pm
 
-    engine = EngineConfig(tp=1, max_num_seqs=cfg.engine.max_num_seqs, max_batched_tokens=cfg.engine.max_batched_tokens,
-                          kv_capacity_tokens=cfg.engine.kv_capacity_tokens)
+    engine = EngineConfig(tp=1, max_num_seqs=cfg.engine.max_num_seqs, max_batched_tokens=cfg.engine.max_batched_tokens)
     setting = ControlSetting(perf_for=perf_for, engine=engine, stats=stats, batch_size=cfg.batch_size,
                              staleness=cfg.staleness, devices_per_node=cfg.rollout_workers,
                              num_kv_heads=pm.model.num_kv_heads, group_size=cfg.group_size)

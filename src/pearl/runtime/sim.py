@@ -369,10 +369,10 @@ class Simulator(SimTrainer, SimBalance):
         return collect(self)
 
 
-def simulator_for(cfg: ScenarioConfig, what: str) -> Simulator:
+def simulator_for(cfg: ScenarioConfig, path: object, overridden: bool = False) -> Simulator:
     """`Simulator(cfg)`, its checks that need the workload built (e.g. the KV pool against the longest
-    context) reported as a ConfigError naming `what` (the scenario file, as load_config names it)."""
+    context) reported as a ConfigError naming the scenario file `path` as load_config names it."""
     try:
         return Simulator(cfg)
     except ConfigError as e:
-        raise ConfigError(f"{what}: {e}") from None
+        raise ConfigError(f"{path}{' (with overrides)' if overridden else ''}: {e}") from None

@@ -305,7 +305,7 @@ def run_training(config_path: Path | None, overrides: dict[str, Any] | None, out
             run.backend.close()
     _report(console, summary, run, out_dir)
     if run.counts["failed"] and not run.counts["ok"] + run.counts["skipped"] and not run.stop_requested:
-        why = max(run.fail_reasons.items(), key=lambda kv: kv[1])[0]
+        why = _top_reason(run)[0]
         raise PearlError(f"no trajectory was trained: all {run.counts['failed']} failed, most often with: {why}")
     if run.stop_requested:
         raise RunInterrupted(run.stop_requested, f"stopped by {run.stop_requested} after step {run.steps_done}; "
@@ -332,6 +332,11 @@ def _report(console: Console, summary: dict[str, Any], run: Run, out_dir: Path) 
                   f"max staleness {summary['staleness_max']} (η={run.cfg.staleness}); saved {out_dir}",
                   highlight=False, soft_wrap=True)
     if c["failed"]:
-        why, n = max(run.fail_reasons.items(), key=lambda kv: kv[1])
+        why, n = _top_reason(run)
         console.print(f"[yellow]{c['failed']} trajectories failed[/]; most often ({n}): {escape(why)} "
                       f"(all reasons: summary.json failure_reasons)", highlight=False, soft_wrap=True)
+
+
+def _top_reason(run: Run) -> tuple[str, int]:
+    """The most common failure reason of the run and how many trajectories failed with it."""
+    return max(run.fail_reasons.items(), key=lambda kv: kv[1])
