@@ -13,6 +13,7 @@ from pearl.config_schedule import SchedulePoint, factors
 from pearl.runtime.elastic import trace
 from pearl.runtime.paper import CLUSTERS, POOLS, bottleneck, cells, smoke_cells, spot_elastic, spot_share
 from pearl.runtime.sim import Simulator
+from pearl.runtime.sim_records import SimTrajectory
 from pearl.workloads import Workload
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -164,6 +165,23 @@ def test_the_bottleneck_check_marks_trainer_bound_cells():
                     availability=["constant"], seeds=[0])
     assert bottleneck(more).rollout_s < bottleneck(math_tool).rollout_s  # more devices, faster rollout
     assert bottleneck(more).train_s == bottleneck(math_tool).train_s
+
+
+def test_the_simulated_trainer_prices_attention_by_row_length():
+    """A GRPO step over long rows costs more than the same tokens in short rows: causal attention grows
+    with the square of a row's length (sum L^2 / sum L, the token-weighted mean row, as the real
+    trainer's profile counts pairs)."""
+    sim = Simulator(load_config(ROOT / "scenarios" / "s1-swe-qwen3-8b.yaml", ScenarioConfig))
+    wl = sim.workload
+    rows = [wl.trajectory(i, i) for i in range(64)]
+    tokens = sum(r.total_tokens for r in rows)
+    seq = sum(r.total_tokens ** 2 for r in rows) / tokens
+    assert seq > 20_000  # swe rows are long
+    trajs = [SimTrajectory(spec=r, id=str(i), t_start=0.0) for i, r in enumerate(rows)]
+    long_s = sim.train_time(trajs, tokens, 8)
+    flat_s = sim.perf.train_step_time(tokens, 8, sim.cfg.rl.train_mfu)  # what it cost before: no attention
+    assert long_s == pytest.approx(sim.perf.train_step_time(tokens, 8, sim.cfg.rl.train_mfu, seq_len=seq))
+    assert long_s > 1.5 * flat_s  # +103% at swe's 45.8k-token mean row (docs/results.md)
 
 
 def test_a_smoke_paper_cell_simulates():

@@ -180,9 +180,10 @@ def _bottleneck(model: str, hardware: str, profile: str, n_rollout: int, n_train
     shape_m, hw = get_model(model), get_hardware(hardware)
     wl = Workload(WorkloadConfig(profile=profile))
     stats = WorkloadStats.from_workload(wl, samples=512)
-    tokens = float(np.mean([wl.trajectory(i, i).total_tokens for i in range(512)])) * batch
+    lengths = np.array([wl.trajectory(i, i).total_tokens for i in range(512)], dtype=float)
     base = PerfModel(shape_m, hw, tp=1)
-    train_s = base.train_step_time(int(tokens), n_train, mfu) * passes
+    seq = float(np.sum(lengths ** 2) / np.sum(lengths))  # token-weighted mean row, as sim_trainer
+    train_s = base.train_step_time(int(np.mean(lengths) * batch), n_train, mfu, seq_len=seq) * passes
     shapes, perfs = [], []
     for tp in (1, 2, 4, 8):
         if n_rollout < tp or shape_m.num_kv_heads % tp:

@@ -161,10 +161,14 @@ class SimTrainer:
 
     def train_time(self, trajs: list[SimTrajectory], tokens: int, n_dev: int) -> float:
         """One pass over a batch: the twin's calibrated trainer (`twin.trainer`: the tokens it
-        computes, trajectories with a zero advantage skipped), else the roofline at `rl.train_mfu`."""
+        computes, trajectories with a zero advantage skipped), else the roofline at `rl.train_mfu` with
+        causal attention at the batch's token-weighted mean row length (sum L^2 / sum L: a row of L
+        tokens holds L^2/2 pairs)."""
         tw = self.cfg.twin
         if tw is None or tw.trainer is None:
-            return self.perf.train_step_time(tokens, n_dev, self.cfg.rl.train_mfu)
+            lengths = [tr.spec.total_tokens for tr in trajs]
+            seq = sum(n * n for n in lengths) / max(1, sum(lengths))
+            return self.perf.train_step_time(tokens, n_dev, self.cfg.rl.train_mfu, seq_len=seq)
         c, groups = tw.trainer, {}
         for tr in trajs:
             if self.workload.trained(tr.spec):
