@@ -20,6 +20,8 @@ is shared), the KV evictions (idle sessions pushed out of the cache, whose next 
 again), and whether the trainer waits (idle > 0: rollout is the bottleneck; idle ~ 0: every layout ties).
 
 Usage: python benchmarks/pd_table.py [--jobs 2] [--out docs/pd_table.md] [--profiles swe,game]
+[--budgets 16] [--mix h20:8]  (--mix: the last 8 rollout devices are H20s, `cluster.rollout_mix`; the
+disaggregated layouts then keep their prefill workers on the H800s)
 Writes the markdown file and prints it; a summary line is printed last. 315 runs: 31 minutes on 2 cores
 shared with other jobs (load 8-14), 2026-12-01.
 """
@@ -57,21 +59,24 @@ def _expire(signum, frame):
     raise RunTimeout
 
 
-def layouts(n: int) -> list[int]:
-    """Prefill worker counts: 0 (colocated), then the disaggregated ratios tuning tries."""
-    return [0, *ratios(n)]
+def layouts(n: int, mixed: int = 0) -> list[int]:
+    """Prefill worker counts: 0 (colocated), then the disaggregated ratios tuning tries; with `mixed`
+    devices of another kind (`--mix`, the last ones), only ratios whose prefill workers are all on the
+    cluster's own hardware (H800), so the other kind decodes."""
+    return [0, *(p for p in ratios(n) if p <= n - mixed)]
 
 
 def label(n: int, p: int) -> str:
     return "colocated" if p == 0 else f"{p}P:{n - p}D"
 
 
-def run_one(task: tuple[str, int, int, int | None, int]) -> dict:
-    profile, n, p, cap, seed = task
+def run_one(task: tuple[str, int, int, int | None, int, tuple[tuple[str, int], ...]]) -> dict:
+    profile, n, p, cap, seed, mix = task
     lay = {"mode": "colocated"} if p == 0 else {"mode": "disaggregated", "prefill": p, "decode": n - p}
     cfg = parse_config({
         "name": f"{profile}-{n}-{label(n, p)}", "seed": seed, "model": "qwen3-8b", "duration_s": 8 * 3600.0,
-        "max_train_steps": STEPS, "cluster": {"hardware": "h800", "rollout_devices": n, "train_devices": TRAIN_DEVICES},
+        "max_train_steps": STEPS, "cluster": {"hardware": "h800", "rollout_devices": n, "train_devices": TRAIN_DEVICES,
+                                                      "rollout_mix": dict(mix)},
         "layout": lay, "workload": {"profile": profile},
         "rl": {"prompts_per_batch": PROMPTS, "group_size": GROUP, "staleness": 1, "max_concurrent_trajectories": cap},
     }, ScenarioConfig)
@@ -131,11 +136,11 @@ def cell_text(c: dict, best: bool) -> str:
     return f"**{txt}**" if best else txt
 
 
-def table(profile: str, cells: dict[tuple[str, int, bool], dict]) -> list[str]:
+def table(profile: str, cells: dict[tuple[str, int, bool], dict], budgets: list[int]) -> list[str]:
     head = ["rollout budget", "colocated, tuned cap", "disaggregated, tuned ratio and cap", "best's margin",
             "decode batch / worker", "KV evictions", "trainer idle"]
     out = [f"### {profile}", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for n in BUDGETS:
+    for n in budgets:
         co, dis = cells[(profile, n, False)], cells[(profile, n, True)]
         a, b = rank(co, dis)
         out.append("| " + " | ".join([f"{n} devices", cell_text(co, a is co), cell_text(dis, a is dis), margin(a, b),
@@ -144,11 +149,12 @@ def table(profile: str, cells: dict[tuple[str, int, bool], dict]) -> list[str]:
     return out + [""]
 
 
-def headline(cells: dict[tuple[str, int, bool], dict], profiles: list[str]) -> tuple[list[str], int]:
+def headline(cells: dict[tuple[str, int, bool], dict], profiles: list[str],
+             budgets: list[int]) -> tuple[list[str], int]:
     out, n_dis = [], 0
     for p in profiles:
         wins = []
-        for n in BUDGETS:
+        for n in budgets:
             a, b = rank(cells[(p, n, False)], cells[(p, n, True)])
             n_dis += a["dis"]
             wins.append(f"{n} devices: {a['label']} ({margin(a, b)})")
@@ -156,32 +162,50 @@ def headline(cells: dict[tuple[str, int, bool], dict], profiles: list[str]) -> t
     return out, n_dis
 
 
+def mix_arg(text: str) -> tuple[str, int]:
+    name, _, k = text.partition(":")
+    if not name or not k.isdigit() or int(k) < 1:
+        raise argparse.ArgumentTypeError(f"expected HARDWARE:N with N >= 1, e.g. h20:8 (got {text!r})")
+    return name, int(k)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--out", default=str(ROOT / "docs" / "pd_table.md"))
     ap.add_argument("--profiles", default=",".join(PROFILES))
+    ap.add_argument("--budgets", default=",".join(map(str, BUDGETS)), help="rollout device counts, e.g. 16,32")
+    ap.add_argument("--mix", action="append", default=[], metavar="HARDWARE:N", type=mix_arg,
+                    help="the last N rollout devices are of this hardware (cluster.rollout_mix), e.g. h20:8")
     args = ap.parse_args()
     profiles = [p for p in args.profiles.split(",") if p]
+    budgets = [int(b) for b in args.budgets.split(",") if b]
+    mix = tuple(args.mix)
+    mixed = sum(k for _, k in mix)
     t0 = time.perf_counter()
-    tune = [(pr, n, p, cap, TUNE_SEED) for pr in profiles for n in BUDGETS for p in layouts(n) for cap in CAPS]
+    tune = [(pr, n, p, cap, TUNE_SEED, mix) for pr in profiles for n in budgets for p in layouts(n, mixed)
+            for cap in CAPS]
     tune.sort(key=lambda t: (-t[1], t[0] != "swe"))  # the longest runs first: better packing
     with mp.Pool(args.jobs) as pool:
         pick = chosen(pool.map(run_one, tune, chunksize=1))
-        tasks = [(pr, n, *pick[(pr, n, dis)], s) for pr in profiles for n in BUDGETS for dis in (False, True)
+        tasks = [(pr, n, *pick[(pr, n, dis)], s, mix) for pr in profiles for n in budgets for dis in (False, True)
                  for s in SEEDS]
         tasks.sort(key=lambda t: (-t[1], t[0] != "swe"))
         results = pool.map(run_one, tasks, chunksize=1)
     wall = time.perf_counter() - t0
     cells = aggregate(results)
-    cmd = "python benchmarks/pd_table.py" + ("" if profiles == PROFILES else f" --profiles {args.profiles}")
-    heads, n_dis = headline(cells, profiles)
+    cmd = "python benchmarks/pd_table.py" + ("" if profiles == PROFILES else f" --profiles {args.profiles}") + \
+        ("" if budgets == BUDGETS else f" --budgets {args.budgets}") + "".join(f" --mix {h}:{k}" for h, k in mix)
+    where = ", ".join(map(str, budgets[:-1])) + (" or " if len(budgets) > 1 else "") + str(budgets[-1])
+    kinds = "" if not mix else " (the last " + ", ".join(f"{k} of them {h.upper()}" for h, k in mix) + \
+        "; a disaggregated layout keeps its prefill workers on the H800s)"
+    heads, n_dis = headline(cells, profiles, budgets)
     md = ["# Colocated vs disaggregated PD, by workload and rollout budget, each side tuned", "",
           f"Generated by `{cmd}` ({len(tune)} tuning runs and {len(tasks)} reported runs, {wall:.0f} s on "
           f"{args.jobs} processes). **Every number comes from the simulator's model** (roofline step times "
           "for Qwen3-8B on H800, emulated engines, virtual time), not from measurements on hardware.", "",
           f"Set-up: WORKLOADS.md S1 (batch {PROMPTS} prompts x {GROUP} samples, {TRAIN_DEVICES} training devices, "
-          "staleness 1) with 8, 16 or 32 rollout devices of TP1 engines. Each side is tuned by short runs on a "
+          f"staleness 1) with {where} rollout devices of TP1 engines{kinds}. Each side is tuned by short runs on a "
           "held-out seed: colocated gets the best cap on trajectories in flight (none, "
           f"{CAPS[1]} or {CAPS[2]}), disaggregated the best P:D ratio (prefill share 1/8, 1/4, 3/8 or 1/2) and "
           f"cap; the chosen configuration (in brackets) then runs on seeds {', '.join(map(str, SEEDS))}. "
@@ -194,13 +218,13 @@ def main() -> None:
           "for a batch (near 0: trainer-bound, layouts would tie).", "", "## Who wins", ""]
     md += heads + [""]
     for p in profiles:
-        md += table(p, cells)
+        md += table(p, cells, budgets)
     text = "\n".join(md)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(text + "\n")
     print(text)
     print(f"{len(tune) + len(tasks)} runs in {wall:.0f} s on {args.jobs} processes; wrote {args.out}")
-    cells_n = len(profiles) * len(BUDGETS)
+    cells_n = len(profiles) * len(budgets)
     print(f"pd table: disaggregated best in {n_dis} of {cells_n} (profile, budget) rows, colocated in "
           f"{cells_n - n_dis}")
 

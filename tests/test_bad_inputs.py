@@ -98,6 +98,16 @@ CASES: list[tuple[str, str, str | bytes, tuple[str, ...]]] = [
      ("layout 1P@tp4:3D@tp1 needs 7 devices but cluster.rollout_devices is 8",)),
     ("prefill-tp-colocated", "sim", "layout: {mode: colocated, prefill_tp: 2}\n",
      ("layout.prefill_tp is the prefill workers' tensor-parallel size: it needs mode: disaggregated",)),
+    ("rollout-mix-unknown-hardware", "sim", "cluster: {rollout_devices: 2, rollout_mix: {gpu: 1}}\n",
+     ("s.yaml: cluster.rollout_mix: unknown hardware 'gpu'; known: ",)),
+    ("rollout-mix-too-many", "sim", "cluster: {rollout_devices: 2, rollout_mix: {h20: 3}}\n",
+     ("cluster.rollout_mix has 3 devices but cluster.rollout_devices is 2",)),
+    ("rollout-mix-controller", "sim", "cluster: {rollout_devices: 2, rollout_mix: {h20: 1}}\npolicy: {name: pearl}\n",
+     ("cluster.rollout_mix needs policy.name: fixed (got 'pearl')",)),
+    ("rollout-mix-split-worker", "sim", "cluster: {rollout_devices: 6, rollout_mix: {h20: 4}}\n"
+     "layout: {mode: disaggregated, prefill: 1, decode: 1, prefill_tp: 4}\nengine: {tp: 2}\n",
+     ("s.yaml: cluster.rollout_mix: the 4 h20 devices split a worker of the layout (worker sizes [4, 2])",)),
+    ("rollout-mix-compare", "cli", "compare mix.yaml", ("mix.yaml: cluster.rollout_mix is for pearl simulate",)),
     ("unknown-model", "sim", "model: qwen9-1t\n", ("unknown model 'qwen9-1t'; known: ",)),
     ("unknown-hardware", "sim", "cluster: {hardware: tpu}\n", ("unknown hardware 'tpu'; known: ",)),
     ("unknown-workload", "sim", "workload: {profile: chess}\n", ("unknown workload profile 'chess'",)),
@@ -228,6 +238,7 @@ def scratch(tmp_path, monkeypatch):
     (tmp_path / "ok.yaml").write_text(OK)
     (tmp_path / "bin.dat").write_bytes(BINARY)
     (tmp_path / "adir").mkdir()
+    (tmp_path / "mix.yaml").write_text(OK.replace("train_devices: 1}", "train_devices: 1, rollout_mix: {h20: 1}}"))
     (tmp_path / "afile").write_text("a file\n")
     (tmp_path / "arun").mkdir()  # a directory that holds a run
     (tmp_path / "arun" / "metrics.jsonl").write_text("")

@@ -19,7 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationIn
 
 from pearl.config_admission import AdmissionConfig
 from pearl.config_estimate import EstimateConfig  # (both kept apart so that this module stays small)
-from pearl.config_layout import check_layout, check_layout_fits, layout_shape
+from pearl.config_layout import check_layout, check_layout_fits, check_rollout_mix, layout_shape, worker_sizes
 from pearl.config_schedule import Schedule
 from pearl.config_twin import TwinConfig
 from pearl.errors import ConfigError, describe, one_line
@@ -158,6 +158,7 @@ class ClusterConfig(Frozen):
     train_devices: int = Field(default=8, ge=1, le=MAX_DEVICES)
     devices_per_node: int = Field(default=8, ge=1, le=MAX_DEVICES_PER_NODE)
     elastic: ElasticConfig = ElasticConfig()
+    rollout_mix: dict[str, int] = {}  # {hardware: count}: the last rollout devices are of that kind
 
 
 class EngineConfig(Frozen):
@@ -204,8 +205,7 @@ class ControllerConfig(Frozen):
     # A worker whose weights are already in the device's memory (a lent train device, a role flip
     # after a restart) serves this long after it is asked to start.
     wake_s: float = Field(default=2.0, ge=0, le=MAX_DURATION_S)
-    # Time for a worker to change role with its weights resident.
-    flip_s: float = Field(default=0.05, ge=0, le=MAX_DURATION_S)
+    flip_s: float = Field(default=0.05, ge=0, le=MAX_DURATION_S)  # a role change, weights resident
     # Time to stop a worker once its requests are gone (tear-down, memory release).
     stop_s: float = Field(default=0.5, ge=0, le=MAX_DURATION_S)
     # Tokens of KV one migrated request is assumed to carry (prices a migration in a plan).
@@ -221,8 +221,7 @@ class ControllerConfig(Frozen):
     # A measurement counts only while the pipeline is "full": the time-averaged trajectories in
     # flight are at least this share of the most the run has had (else it measures a batch's tail).
     full_pipeline_share: float = Field(default=0.7, ge=0, le=1)
-    # A lend must save this many times what starting and vacating its workers cost (the model does
-    # not see the slowdown of migrating their requests back).
+    # A lend must save this many times what starting and vacating its workers cost (unmodelled: migrating back).
     lend_gain_factor: float = Field(default=2.0, ge=0, le=1e6)
     # Slack a lend keeps before its deadline: a fixed part plus a share of the return's cost (the
     # estimate of vacating the devices can be off, proportionally and not).
@@ -268,8 +267,7 @@ class PolicyConfig(Frozen):
     horizon_s: float = Field(default=900.0, gt=0, le=MAX_DURATION_S)  # how far ahead a switch's gain is counted
     # plan-warmup: run the configured layout this long, then plan from the workload observed (once)
     plan_after_s: float = Field(default=3600.0, gt=0, le=MAX_DURATION_S)
-    # Tensor-parallel sizes PEARL may choose (None: every size in 1, 2, 4, 8 that fits a node and
-    # the model's KV heads); baselines keep engine.tp.
+    # Tensor-parallel sizes PEARL may choose (None: each of 1, 2, 4, 8 that fits); baselines keep engine.tp.
     tps: list[int] | None = None
     # Let a disaggregated layout give its prefill workers a tp of their own (among `tps`): PEARL's
     # selector then ranks (prefill tp, decode tp) pairs, and the tuner gives static-pd and bound the same.
@@ -306,6 +304,8 @@ class ScenarioConfig(Frozen):
         tp, n, lay = self.engine.tp, self.cluster.rollout_devices, self.layout
         node, b = self.cluster.devices_per_node, self.rl.prompts_per_batch * self.rl.group_size
         check_layout_fits(lay.mode, lay.prefill, lay.decode, lay.prefill_tp, tp, n, node)
+        sizes = worker_sizes(lay.mode, lay.prefill, lay.decode, lay.prefill_tp, n, tp)
+        check_rollout_mix(self.cluster.rollout_mix, n, sizes, self.policy.name)
         if tp > node:
             raise ValueError(f"engine.tp ({tp}) is larger than cluster.devices_per_node ({node})")
         bad = [t for t in self.policy.tps or () if node % t]

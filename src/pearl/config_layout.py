@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pearl.types import LayoutShape, Mode
 
-__all__ = ["check_layout", "check_layout_fits", "layout_shape"]
+__all__ = ["check_layout", "check_layout_fits", "check_rollout_mix", "layout_shape", "worker_sizes"]
 
 
 def check_layout(mode: Mode, prefill: int, decode: int, prefill_tp: int | None) -> None:
@@ -43,3 +43,39 @@ def check_layout_fits(mode: Mode, prefill: int, decode: int, prefill_tp: int | N
             raise ValueError(f"layout.prefill_tp ({prefill_tp}) is larger than cluster.devices_per_node ({node})")
     elif n % tp:
         raise ValueError(f"cluster.rollout_devices ({n}) is not a multiple of engine.tp ({tp})")
+
+
+def check_rollout_mix(mix: dict[str, int], n: int, worker_sizes: list[int], policy: str) -> None:
+    """`cluster.rollout_mix` ({hardware: count}, the last rollout devices of other kinds, in the order
+    given) against the cluster: counts of at least 1 that fit in the `n` rollout devices, no worker of
+    the layout (`worker_sizes`, in the order they are cut from the devices) across two kinds, and only
+    a fixed policy (the controller plans rollout devices of one kind)."""
+    if not mix:
+        return
+    bad = [h for h, k in mix.items() if k < 1]
+    if bad:
+        raise ValueError(f"cluster.rollout_mix: {bad[0]!r} needs a count of at least 1 (got {mix[bad[0]]})")
+    if sum(mix.values()) > n:
+        raise ValueError(f"cluster.rollout_mix has {sum(mix.values())} devices but cluster.rollout_devices is {n}")
+    if policy != "fixed":
+        raise ValueError(f"cluster.rollout_mix needs policy.name: fixed (got {policy!r}); the controller "
+                         "plans rollout devices of one kind")
+    edges, at = {0}, 0
+    for size in worker_sizes:
+        at += size
+        edges.add(at)
+    at = n
+    for h, k in reversed(list(mix.items())):
+        at -= k
+        if at not in edges:
+            raise ValueError(f"cluster.rollout_mix: the {k} {h} devices split a worker of the layout "
+                             f"(worker sizes {worker_sizes}); give a count that ends on a worker")
+
+
+def worker_sizes(mode: Mode, prefill: int, decode: int, prefill_tp: int | None, n: int, tp: int) -> list[int]:
+    """The devices of each worker of the configured layout, in the order they are cut from the rollout
+    devices: the larger tp first when the prefill workers have a tp of their own."""
+    if mode is Mode.COLOCATED:
+        return [tp] * (n // tp)
+    sizes = [prefill_tp or tp] * prefill + [tp] * decode
+    return sorted(sizes, reverse=True)

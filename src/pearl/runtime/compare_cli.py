@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Callable
 
 from pearl.config import ScenarioConfig, load_config
+from pearl.errors import ConfigError
 from pearl.runtime.compare import compare, format_table, headline, write
 from pearl.runtime.sim import simulator_for
 
@@ -18,6 +19,9 @@ def run_compare(scenario: Path, seeds: int, out_dir: Path, jobs: int, duration: 
     over = {**(sets or {}), **({"duration_s": duration} if duration is not None else {})} or None
     cfg = load_config(scenario, ScenarioConfig, over)
     simulator_for(cfg, scenario, bool(over))  # fail before any run
+    if cfg.cluster.rollout_mix:  # every policy but fixed plans one kind of rollout device
+        raise ConfigError(f"{scenario}: cluster.rollout_mix is for pearl simulate with policy.name: fixed; "
+                          "pearl compare runs the controller's policies too")
     t0 = time.perf_counter()
     rows = compare(cfg, [cfg.seed + i for i in range(seeds)], jobs=jobs, log=echo)
     echo(format_table(rows))

@@ -43,7 +43,8 @@ class Simulator(SimTrainer, SimBalance):
         self.hw = get_hardware(cfg.cluster.hardware)
         self.perf = PerfModel(self.model, self.hw, tp=cfg.engine.tp, coeffs=twin_coeffs(cfg.twin),
                               memory_utilization=cfg.engine.memory_utilization, kv_capacity=cfg.engine.kv_capacity_tokens)
-        self._perfs: dict[int, PerfModel] = {cfg.engine.tp: self.perf}
+        self._perfs: dict[tuple[int, str | None], PerfModel] = {(cfg.engine.tp, None): self.perf}
+        self.device_hw: dict[int, str] = {}  # rollout device -> hardware, where not cluster.hardware
         self.workload = twin_workload(cfg.twin) or Workload(cfg.workload, cfg.seed)
         cap = cfg.engine.kv_capacity_tokens
         if cap is not None and cap < self.workload.max_context:  # (else the longest would wait forever)
@@ -95,32 +96,53 @@ class Simulator(SimTrainer, SimBalance):
         self.rollout_devices = []
         for i in range(c.rollout_devices):
             self.rollout_devices.append(st.add_device(0.0, Pool.ROLLOUT, node=i // c.devices_per_node))
+        rest = list(self.rollout_devices)  # cluster.rollout_mix: the last devices, in the order given
+        for name, k in reversed(list(c.rollout_mix.items())):
+            try:
+                get_hardware(name)
+            except ConfigError as e:
+                raise ConfigError(f"cluster.rollout_mix: {e}") from None
+            self.device_hw.update((d, name) for d in rest[-k:])
+            rest = rest[:-k]
         node = -(-c.rollout_devices // c.devices_per_node)
         self.train_devices = [st.add_device(0.0, Pool.TRAIN, node=node + i // c.devices_per_node)
                               for i in range(c.train_devices)]
         self.next_node = node + -(-c.train_devices // c.devices_per_node)
 
-    def perf_for(self, tp: int) -> PerfModel:
-        """The worker model at tensor-parallel size `tp` (raises ResourceError if it does not fit)."""
-        pm = self._perfs.get(tp)
-        if pm is None:
-            pm = self._perfs[tp] = self.perf.with_tp(tp)
+    def perf_for(self, tp: int, hardware: str | None = None) -> PerfModel:
+        """The worker model at tensor-parallel size `tp`, on `hardware` (None: cluster.hardware); raises
+        ResourceError if it does not fit."""
+        pm, p = self._perfs.get((tp, hardware)), self.perf
+        if pm is None:  # another kind: its own efficiencies (the twin's if calibrated)
+            pm = self._perfs[(tp, hardware)] = p.with_tp(tp) if hardware is None else PerfModel(
+                self.model, get_hardware(hardware), tp, twin_coeffs(self.cfg.twin), p.memory_utilization, p.kv_capacity)
             pm.kv_capacity_tokens()
         return pm
+
+    def perf_on(self, devices: tuple[int, ...]) -> PerfModel:
+        """The model of a worker on these devices (one kind of hardware: it runs at one rate)."""
+        kinds = {self.device_hw.get(d) for d in devices}
+        if len(kinds) > 1:
+            both = " and ".join(sorted(k or self.cfg.cluster.hardware for k in kinds))
+            raise ConfigError(f"cluster.rollout_mix: a worker of the layout spans {both} devices; change the mix or the layout")
+        return self.perf_for(len(devices), kinds.pop())
 
     def node_of(self, dev: int) -> int:
         return self.state.devices[dev].node
 
     def handoff_s(self, src: EmulatedEngine, dst: EmulatedEngine, tokens: int) -> float:
         """KV of `tokens` tokens from `src` to `dst`: each rank sends its shard over its own link, so
-        the side with fewer ranks (the smaller tp) sets the pace (as the predictor assumes)."""
+        the side with fewer ranks (the smaller tp) sets the pace (as the predictor assumes); between
+        two kinds of hardware (`cluster.rollout_mix`), the slower link."""
         same = self.node_of(src.devices[0]) == self.node_of(dst.devices[0])
-        return self.perf_for(min(len(src.devices), len(dst.devices))).kv_transfer_time(max(tokens, 0), same)
+        n = min(len(src.devices), len(dst.devices))
+        return max(self.perf_for(n, self.device_hw.get(e.devices[0])).kv_transfer_time(max(tokens, 0), same)
+                   for e in (src, dst))
 
     def start_worker(self, devices: tuple[int, ...], role: Role, load_s: float = 0.0) -> EmulatedEngine:
         t = self.clock.now
         wid = self.state.start_worker(t, devices, role, self.version)
-        pm = self.perf_for(len(devices))
+        pm = self.perf_on(devices)
         eng = EmulatedEngine(wid, role, self.shared_step_time(pm.step_time), pm.kv_capacity_tokens(), self.cfg.engine.max_num_seqs,
                              self.cfg.engine.max_batched_tokens, self._on_done, self.version)
         eng.devices = devices
@@ -269,7 +291,7 @@ class Simulator(SimTrainer, SimBalance):
             peer = home.holds(tr.id) if home is not None and home.accepting else 0
             if peer > held and peer > 0:
                 delay = self.handoff_s(home, eng, peer - held)
-                if delay < self.perf_for(len(eng.devices)).prefill_time(peer - held, held):
+                if delay < self.perf_on(eng.devices).prefill_time(peer - held, held):
                     self.clock.at(t + delay, self._fetched, eng, r, peer)
                     return
         else:

@@ -1,0 +1,59 @@
+"""Rollout devices of two kinds (`cluster.rollout_mix`): the last rollout devices are of another
+hardware, each worker runs at its own devices' rates, and a fixed layout can put its prefill workers
+on one kind and its decode workers on the other."""
+from __future__ import annotations
+
+from pearl.config import ScenarioConfig, parse_config
+from pearl.perf.hardware import get_hardware
+from pearl.perf.models import get_model
+from pearl.perf.roofline import PerfModel
+from pearl.runtime.sim import Simulator
+from pearl.types import Role
+
+
+def _cfg(mix: dict | None = None, hardware: str = "h800", layout: dict | None = None) -> ScenarioConfig:
+    cluster = {"hardware": hardware, "rollout_devices": 8, "train_devices": 8, **({"rollout_mix": mix} if mix else {})}
+    return parse_config({"duration_s": 3600, "max_train_steps": 3, "cluster": cluster,
+                         "workload": {"profile": "search"}, "layout": layout or {},
+                         "rl": {"prompts_per_batch": 8, "group_size": 8, "staleness": 1}}, ScenarioConfig)
+
+
+def test_each_worker_runs_at_its_own_hardware():
+    sim = Simulator(_cfg({"h20": 4}))
+    sim.run()
+    on = {e.devices[0]: e for e in sim.all_engines}
+    h800 = PerfModel(get_model("qwen3-8b"), get_hardware("h800"), tp=1)
+    h20 = PerfModel(get_model("qwen3-8b"), get_hardware("h20"), tp=1)
+    assert sorted(sim.device_hw) == sim.rollout_devices[4:]
+    for d in sim.rollout_devices:
+        want = h20 if d in sim.device_hw else h800
+        assert on[d].kv_capacity == want.kv_capacity_tokens()
+        assert sim.perf_on((d,)).decode_time(32, 96_000) == want.decode_time(32, 96_000)  # its own efficiencies
+    # H20: more memory (96 vs 80 GiB), a seventh of the compute: a prefill-heavy step is much slower there.
+    assert on[sim.rollout_devices[-1]].kv_capacity > on[sim.rollout_devices[0]].kv_capacity
+    assert sim.perf_on((sim.rollout_devices[-1],)).prefill_time(4096, 0) > \
+        3 * sim.perf_on((sim.rollout_devices[0],)).prefill_time(4096, 0)
+
+
+def test_prefill_on_one_kind_decode_on_the_other_lands_between_the_pure_clusters():
+    pd = {"mode": "disaggregated", "prefill": 4, "decode": 4}
+    runs = {}
+    for name, cfg in [("h800", _cfg(layout=pd)), ("h20", _cfg(hardware="h20", layout=pd)),
+                      ("mix", _cfg({"h20": 4}, layout=pd))]:
+        sim = Simulator(cfg)
+        res = sim.run()
+        assert res["train_steps"] == 3, name
+        runs[name] = (sim, res["throughput"]["trajectories_per_s"])
+    sim = runs["mix"][0]
+    roles = {e.devices[0]: e.role for e in sim.all_engines}
+    assert all(roles[d] is Role.PREFILL for d in sim.rollout_devices[:4])
+    assert all(roles[d] is Role.DECODE and d in sim.device_hw for d in sim.rollout_devices[4:])
+    h800, h20, mix = (runs[k][1] for k in ("h800", "h20", "mix"))
+    assert h20 < mix < h800, (h20, mix, h800)
+
+
+def test_without_a_mix_every_worker_is_on_the_cluster_hardware():
+    sim = Simulator(_cfg())
+    sim.run()
+    assert sim.device_hw == {}
+    assert all(sim.perf_on(e.devices) is sim.perf for e in sim.all_engines)
