@@ -47,6 +47,19 @@ def test_plan_ranks_at_the_concurrency_a_cap_allows():
     assert "1P:7D" in top and "at most 128 in flight" in capped.stdout and "colocated" in capped.stdout
 
 
+def test_plan_ranks_layouts_on_two_kinds_of_devices():
+    """8 H800 + 8 H20: layouts on either kind alone and prefill on one kind, decode on the other; on
+    game (short turns, compute-bound) the H800s alone beat the H20s alone, as the simulator measures
+    (`benchmarks/mix_plan.py`)."""
+    r = pearl("plan", "--devices", "16", "--mix", "h20:8", "--workload", "game", "--top", "100")
+    assert r.returncode == 0, r.stderr
+    assert "8× h800 + 8× h20" in r.stdout
+    lines = r.stdout.splitlines()
+    assert any("P h800" in ln for ln in lines) and any("P h20" in ln for ln in lines)
+    first = {k: next(i for i, ln in enumerate(lines) if k in ln) for k in ("h800 only", "h20 only")}
+    assert first["h800 only"] < first["h20 only"], r.stdout
+
+
 def test_simulate_saves_a_result(tmp_path):
     scen = tmp_path / "s.yaml"
     scen.write_text("name: tiny\nduration_s: 300\ncluster: {rollout_devices: 2, train_devices: 1}\n"

@@ -193,9 +193,10 @@ def plan(
     top: int = typer.Option(10, parser=_int_in(1, 100_000), help="Rows to show."),
     per_role_tp: bool = typer.Option(False, "--per-role-tp", help="Also rank prefill workers at a tp of their own (e.g. 1P@tp4:4D@tp1)."),
     max_in_flight: Optional[int] = typer.Option(None, "--max-in-flight", parser=_int_in(1, MAX_BATCH), help="At most this many trajectories in flight, the rest of the batch queued (rl.max_concurrent_trajectories)."),
+    mix: Optional[str] = typer.Option(None, "--mix", help="HARDWARE:N: N of the --devices are of this other kind (e.g. h20:8): rank layouts on either kind, and prefill on one, decode on the other."),
 ) -> None:
     """Which PD mode and ratio for this model, hardware, budget and workload? A ranked table."""
-    from pearl.control.advisor import advise
+    from pearl.control.advisor import advise, advise_mix
 
     try:
         tps = tuple(int(x) for x in tp.split(","))
@@ -204,13 +205,22 @@ def plan(
     bad = [t for t in tps if t not in TP_SIZES]
     if bad or len(set(tps)) != len(tps):
         raise ConfigError(f"--tp {tp!r}: expected distinct sizes from {','.join(map(str, TP_SIZES))}")
-    ranked, elapsed = advise(model, hardware, devices, workload, batch, tps, per_role_tp, max_in_flight)
     cap = f", at most {max_in_flight} in flight" if max_in_flight is not None and max_in_flight < batch else ""
-    t = Table(title=f"{model} on {devices}× {hardware}, {workload}, batch {batch}{cap}  ({elapsed * 1e3:.1f} ms)")
-    for c in ("rank", "layout", "batch time (s)", "tokens/s", "decode conc.", "bottleneck"):
+    if mix is None:
+        ranked, elapsed = advise(model, hardware, devices, workload, batch, tps, per_role_tp, max_in_flight)
+        rows, where = [("", s, p) for s, p in ranked], f"{devices}× {hardware}"
+    else:
+        other, _, k = mix.partition(":")
+        if not other or not k.isdigit() or not 1 <= int(k) < devices:
+            raise ConfigError(f"--mix {mix!r}: expected HARDWARE:N with 1 <= N < --devices ({devices}), e.g. h20:8")
+        kinds = ((hardware, devices - int(k)), (other, int(k)))
+        rows, elapsed = advise_mix(model, kinds, workload, batch, tps, max_in_flight)
+        where = f"{kinds[0][1]}× {hardware} + {kinds[1][1]}× {other}"
+    t = Table(title=f"{model} on {where}, {workload}, batch {batch}{cap}  ({elapsed * 1e3:.1f} ms)")
+    for c in ("rank", "layout", *(("on",) if mix else ()), "batch time (s)", "tokens/s", "decode conc.", "bottleneck"):
         t.add_column(c, no_wrap=True)
-    for i, (shape, p) in enumerate(ranked[:top], 1):
-        t.add_row(str(i), str(shape), f"{p.completion_s:.1f}", f"{p.tokens_per_s:.0f}",
+    for i, (on, shape, p) in enumerate(rows[:top], 1):
+        t.add_row(str(i), str(shape), *((on,) if mix else ()), f"{p.completion_s:.1f}", f"{p.tokens_per_s:.0f}",
                   f"{p.decode_concurrency:.1f}", p.bottleneck)
     out.print(t)
 

@@ -16,15 +16,9 @@ from pearl.types import LayoutShape, Role
 from pearl.workloads import Workload
 
 
-def advise(model: str, hardware: str, devices: int, workload: str, batch: int, tps: tuple[int, ...] = (1,),
-           per_role: bool = False, max_in_flight: int | None = None) -> tuple[list[tuple[LayoutShape, Prediction]], float]:
-    """Every candidate shape with its prediction, best first, and the seconds it took; with
-    `max_in_flight`, the batch runs that many at a time (the rest queued: `BatchState.queued`)."""
-    t0 = time.perf_counter()
-    shape_m, hw = get_model(model), get_hardware(hardware)
-    wl = Workload(WorkloadConfig(profile=workload))
-    stats = WorkloadStats.from_workload(wl)
-    perfs: dict[int, PerfModel] = {}
+def _fitting(shape_m, hardware: str, devices: int, tps: tuple[int, ...]) -> dict[int, PerfModel]:
+    """The worker model at each tp in `tps` that divides `devices` and holds the model."""
+    hw, perfs = get_hardware(hardware), {}
     for tp in tps:
         if tp < 1 or devices % tp:
             raise ConfigError(f"--tp: {tp} does not divide the device budget {devices}")
@@ -36,11 +30,51 @@ def advise(model: str, hardware: str, devices: int, workload: str, batch: int, t
         perfs[tp] = pm
     if not perfs:
         raise ResourceError(f"{shape_m.name} does not fit on {hw.name} at tp in {list(tps)}: try a larger --tp")
-    shapes = candidates(devices, tuple(perfs), per_role)
+    return perfs
+
+
+def _predict(workload: str, batch: int, max_in_flight: int | None, shapes: list[LayoutShape],
+             perfs: list[PerfModel], prefill_perfs: list[PerfModel]) -> list[Prediction]:
+    stats = WorkloadStats.from_workload(Workload(WorkloadConfig(profile=workload)))
     n = batch if max_in_flight is None else min(max_in_flight, batch)
     b = BatchState(n_fresh=n, queued=batch - n)
-    preds = predict_many(shapes, [perfs[s.tp] for s in shapes], EngineConfig(), stats, b,
-                         reps=prepare(stats, b, 64, 8), tol=1e-2, grid_points=48,
-                         prefill_perfs=[perfs[s.tp_of(Role.PREFILL)] for s in shapes])
+    return predict_many(shapes, perfs, EngineConfig(), stats, b, reps=prepare(stats, b, 64, 8), tol=1e-2,
+                        grid_points=48, prefill_perfs=prefill_perfs)
+
+
+def advise(model: str, hardware: str, devices: int, workload: str, batch: int, tps: tuple[int, ...] = (1,),
+           per_role: bool = False, max_in_flight: int | None = None) -> tuple[list[tuple[LayoutShape, Prediction]], float]:
+    """Every candidate shape with its prediction, best first, and the seconds it took; with
+    `max_in_flight`, the batch runs that many at a time (the rest queued: `BatchState.queued`)."""
+    t0 = time.perf_counter()
+    perfs = _fitting(get_model(model), hardware, devices, tps)
+    shapes = candidates(devices, tuple(perfs), per_role)
+    preds = _predict(workload, batch, max_in_flight, shapes, [perfs[s.tp] for s in shapes],
+                     [perfs[s.tp_of(Role.PREFILL)] for s in shapes])
     ranked = sorted(zip(shapes, preds), key=lambda x: x[1].completion_s)
+    return ranked, time.perf_counter() - t0
+
+
+def advise_mix(model: str, kinds: tuple[tuple[str, int], tuple[str, int]], workload: str, batch: int,
+               tps: tuple[int, ...] = (1,), max_in_flight: int | None = None
+               ) -> tuple[list[tuple[str, LayoutShape, Prediction]], float]:
+    """Rollout devices of two kinds, `kinds` = ((hardware, count), (hardware, count)): every layout on
+    one kind alone (the other idle), and every disaggregated layout with its prefill workers on one
+    kind and its decode workers on the other (each kind used whole, one tp per role). Mixed workers on
+    both kinds at once are not ranked: the predictor assumes one kind of decode-capable worker.
+    Returns (where, shape, prediction), best first, and the seconds it took."""
+    t0 = time.perf_counter()
+    m = get_model(model)
+    perfs = {h: _fitting(m, h, n, tuple(t for t in tps if n % t == 0) or tps) for h, n in kinds}
+    rows: list[tuple[str, LayoutShape, PerfModel, PerfModel]] = []
+    for h, n in kinds:
+        for s in candidates(n, tuple(perfs[h])):
+            rows.append((f"{h} only", s, perfs[h][s.tp], perfs[h][s.tp_of(Role.PREFILL)]))
+    for (hp, n_p), (hd, n_d) in (kinds, kinds[::-1]):
+        for tpp, pp in perfs[hp].items():
+            for tpd, pd in perfs[hd].items():
+                rows.append((f"P {hp}, D {hd}",
+                             LayoutShape.disaggregated(n_p // tpp, n_d // tpd, tpd, tpp), pd, pp))
+    preds = _predict(workload, batch, max_in_flight, [r[1] for r in rows], [r[2] for r in rows], [r[3] for r in rows])
+    ranked = sorted(((r[0], r[1], p) for r, p in zip(rows, preds)), key=lambda x: x[2].completion_s)
     return ranked, time.perf_counter() - t0
