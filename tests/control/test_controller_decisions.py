@@ -16,6 +16,10 @@ def test_the_next_batch_is_estimated_from_the_last_intervals_or_as_long_again_be
     assert next_batch_at(TrainerObs(False, 0, 8), 40.0)[0] == 80.0  # no batch yet: at 2·t
     assert next_batch_at(TrainerObs(False, 0, 8, (100.0,)), 130.0)[0] == 200.0  # start → 100: 100 again
     assert next_batch_at(TrainerObs(False, 0, 8, (100.0, 160.0, 200.0)), 210.0)[0] == 250.0  # mean of 60, 40
+    # Overdue (due at 250 by the intervals, now 290): one mean interval from now, not "due now", which
+    # would refuse every lend for as long as the batch is late.
+    at, how = next_batch_at(TrainerObs(False, 0, 8, (100.0, 160.0, 200.0)), 290.0)
+    assert at == 340.0 and how.startswith("overdue since 250")
 
 
 @pytest.mark.parametrize("policy", ["pearl", "rlboost+", "roll-partial"])

@@ -46,12 +46,18 @@ def serves(shape: LayoutShape) -> bool:
 def next_batch_at(tr: TrainerObs, t: float) -> tuple[float, str]:
     """When the trainer's next batch is expected ready, and how that was estimated: as far after the
     last batch as the last (up to three) batches were apart (the run's start counts as a batch at
-    0); before any batch, at 2·t (as long again as the run has taken so far)."""
+    0); before any batch, at 2·t (as long again as the run has taken so far). A batch already
+    overdue by that estimate is assumed one mean interval after now: "due now" would refuse every
+    lend while the trainer waits (on s1-swe for 300 s and more), and a batch that comes earlier is
+    covered by the return path."""
     if not tr.batch_ready_t:
         return 2.0 * t, "no batch yet: the first assumed ready at 2·t"
     ready = tr.batch_ready_t if len(tr.batch_ready_t) > 1 else (0.0, *tr.batch_ready_t)  # 0: the run's start
     gaps = [b - a for a, b in zip(ready, ready[1:])][-3:]
-    return ready[-1] + sum(gaps) / len(gaps), f"the last {len(gaps)} batch interval(s)"
+    gap = sum(gaps) / len(gaps)
+    if ready[-1] + gap <= t:
+        return t + gap, f"overdue since {ready[-1] + gap:.6g}: one mean interval of the last {len(gaps)} from now"
+    return ready[-1] + gap, f"the last {len(gaps)} batch interval(s)"
 
 
 def trainer_idles(tr: TrainerObs) -> bool:
