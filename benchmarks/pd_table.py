@@ -22,8 +22,8 @@ again), and whether the trainer waits (idle > 0: rollout is the bottleneck; idle
 Usage: python benchmarks/pd_table.py [--jobs 2] [--out docs/pd_table.md] [--profiles swe,game]
 [--budgets 16] [--mix h20:8]  (--mix: the last 8 rollout devices are H20s, `cluster.rollout_mix`; the
 disaggregated layouts then keep their prefill workers on the H800s)
-Writes the markdown file and prints it; a summary line is printed last. 315 runs: 31 minutes on 2 cores
-shared with other jobs (load 8-14), 2026-12-01.
+Writes the markdown file and prints it; a summary line is printed last. 315 runs: 279 s on 2 cores,
+2026-12-04 (31 minutes on 2 cores shared with other jobs, load 8-14, on 2026-12-01).
 """
 from __future__ import annotations
 
