@@ -43,11 +43,12 @@ def test_prefill_on_one_kind_decode_on_the_other_lands_between_the_pure_clusters
         sim = Simulator(cfg)
         res = sim.run()
         assert res["train_steps"] == 3, name
-        runs[name] = (sim, res["throughput"]["trajectories_per_s"])
+        runs[name] = (sim, res["throughput"]["trajectories_per_s"], res["layout_final"])
     sim = runs["mix"][0]
     roles = {e.devices[0]: e.role for e in sim.all_engines}
     assert all(roles[d] is Role.PREFILL for d in sim.rollout_devices[:4])
     assert all(roles[d] is Role.DECODE and d in sim.device_hw for d in sim.rollout_devices[4:])
+    assert runs["mix"][2] == "4P:4D (4P on h800; 4D on h20)" and runs["h800"][2] == "4P:4D"  # the summary says where
     h800, h20, mix = (runs[k][1] for k in ("h800", "h20", "mix"))
     assert h20 < mix < h800, (h20, mix, h800)
 

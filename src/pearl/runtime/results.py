@@ -3,6 +3,7 @@ effective decode concurrency, staleness; JSON-able and deterministic (rounded fl
 from __future__ import annotations
 
 import json
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -84,7 +85,7 @@ def collect(sim: Any) -> dict[str, Any]:
                             "kv_evictions": sum(e.evictions for e in sim.all_engines),
                             "switches": sum(1 for d in sim.driver.decisions if d.get("switch")),
                             "decisions": len(sim.driver.decisions)},
-        "layout_final": str(sim.state.shape()) if sim.engines else "none",
+        "layout_final": (str(sim.state.shape()) + _by_hardware(sim)) if sim.engines else "none",
         "events": sim.clock.events_run,
         "decisions": sim.driver.decisions,
     }
@@ -95,3 +96,15 @@ def save(result: dict[str, Any], path: str | Path) -> Path:
     p.parent.mkdir(parents=True, exist_ok=True)
     p.write_text(json.dumps(result, indent=1, sort_keys=True))
     return p
+
+
+def _by_hardware(sim: Any) -> str:
+    """With rollout devices of two kinds (`cluster.rollout_mix`): which workers run on which, e.g.
+    " (4P on h800; 4D on h800; 8D on h20)"; else nothing."""
+    if not sim.device_hw:
+        return ""
+    count: Counter[tuple[str, str]] = Counter()
+    for e in sim.engines.values():
+        count[(sim.device_hw.get(e.devices[0], sim.cfg.cluster.hardware), e.role.value[0].upper())] += 1
+    order = sorted(count, key=lambda k: (k[0] != sim.cfg.cluster.hardware, k[0], "PDM".index(k[1])))
+    return " (" + "; ".join(f"{count[k]}{k[1]} on {k[0]}" for k in order) + ")"
