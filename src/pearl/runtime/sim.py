@@ -20,7 +20,7 @@ from pearl.engine.request import Request
 from pearl.engine.router import pick_decode, pick_prefill
 from pearl.perf.hardware import get_hardware
 from pearl.perf.models import get_model
-from pearl.perf.roofline import PerfModel
+from pearl.perf.roofline import PerfCoeffs, PerfModel
 from pearl.runtime.clock import VirtualClock
 from pearl.runtime.elastic import trace
 from pearl.runtime.results import collect
@@ -113,9 +113,9 @@ class Simulator(SimTrainer, SimBalance):
         """The worker model at tensor-parallel size `tp`, on `hardware` (None: cluster.hardware); raises
         ResourceError if it does not fit."""
         pm, p = self._perfs.get((tp, hardware)), self.perf
-        if pm is None:  # another kind: its own efficiencies (the twin's if calibrated)
+        if pm is None:  # another kind: the catalogue's efficiencies for it (a twin's fit its own hardware)
             pm = self._perfs[(tp, hardware)] = p.with_tp(tp) if hardware is None else PerfModel(
-                self.model, get_hardware(hardware), tp, twin_coeffs(self.cfg.twin), p.memory_utilization, p.kv_capacity)
+                self.model, get_hardware(hardware), tp, PerfCoeffs(), p.memory_utilization, p.kv_capacity)
             pm.kv_capacity_tokens()
         return pm
 
