@@ -54,7 +54,8 @@ def test_prefill_on_one_kind_decode_on_the_other_lands_between_the_pure_clusters
 
 
 def test_without_a_mix_every_worker_is_on_the_cluster_hardware():
-    sim = Simulator(_cfg())
-    sim.run()
-    assert sim.device_hw == {}
-    assert all(sim.perf_on(e.devices) is sim.perf for e in sim.all_engines)
+    for cfg in (_cfg(), _cfg({"H800": 4})):  # a mix of the cluster's own kind is no mix
+        sim = Simulator(cfg)
+        res = sim.run()
+        assert sim.device_hw == {} and "on" not in res["layout_final"]
+        assert all(sim.perf_on(e.devices) is sim.perf for e in sim.all_engines)

@@ -99,10 +99,10 @@ class Simulator(SimTrainer, SimBalance):
         rest = list(self.rollout_devices)  # cluster.rollout_mix: the last devices, in the order given
         for name, k in reversed(list(c.rollout_mix.items())):
             try:
-                get_hardware(name)
+                other = get_hardware(name) is not self.hw  # (the cluster's own kind needs no entry)
             except ConfigError as e:
                 raise ConfigError(f"cluster.rollout_mix: {e}") from None
-            self.device_hw.update((d, name) for d in rest[-k:])
+            self.device_hw.update((d, name) for d in rest[-k:] if other)
             rest = rest[:-k]
         node = -(-c.rollout_devices // c.devices_per_node)
         self.train_devices = [st.add_device(0.0, Pool.TRAIN, node=node + i // c.devices_per_node)
