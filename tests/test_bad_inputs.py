@@ -210,6 +210,7 @@ CASES: list[tuple[str, str, str | bytes, tuple[str, ...]]] = [
     ("plan-tp-not-int", "cli", "plan --tp 1,x", ("--tp: expected comma-separated integers, got '1,x'",)),
     ("plan-mix-no-count", "cli", "plan --devices 16 --mix h20", ("--mix 'h20': expected HARDWARE:N with 1 <= N < --devices (16)",)),
     ("plan-mix-every-device", "cli", "plan --devices 16 --mix h20:16", ("--mix 'h20:16'", "1 <= N < --devices (16)")),
+    ("plan-mix-same-hardware", "cli", "plan --devices 16 --mix H800:8", ("--mix 'H800:8': H800 is --hardware itself",)),
     ("plan-mix-unknown-hardware", "cli", "plan --devices 16 --mix tpu:8", ("unknown hardware 'tpu'; known: ",)),
     ("plan-unknown-model", "cli", "plan --model gpt5", ("unknown model 'gpt5'; known: ",)),
     ("plan-unknown-option", "cli", "plan --frobnicate 3", ("No such option: --frobnicate",)),

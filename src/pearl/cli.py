@@ -213,6 +213,9 @@ def plan(
         other, _, k = mix.partition(":")
         if not other or not k.isdigit() or not 1 <= int(k) < devices:
             raise ConfigError(f"--mix {mix!r}: expected HARDWARE:N with 1 <= N < --devices ({devices}), e.g. h20:8")
+        from pearl.perf.hardware import get_hardware
+        if get_hardware(other) is get_hardware(hardware):
+            raise ConfigError(f"--mix {mix!r}: {other} is --hardware itself; give another kind, or leave --mix out")
         kinds = ((hardware, devices - int(k)), (other, int(k)))
         rows, elapsed = advise_mix(model, kinds, workload, batch, tps, max_in_flight)
         where = f"{kinds[0][1]}× {hardware} + {kinds[1][1]}× {other}"
