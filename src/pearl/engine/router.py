@@ -33,9 +33,12 @@ def take_share(on: dict[Any, list[Any]], new: Any) -> list[tuple[Any, Any]]:
 
 
 def kv_pressure(e: Any) -> float:
-    # KV hand-offs still in flight count too, or hand-offs finishing together all pick one worker
+    # KV hand-offs still in flight count too, or hand-offs finishing together all pick one worker. A
+    # worker slower than its peers (`speed` < 1: another kind of hardware) counts as fuller while its
+    # KV is far from full (speed decides), less so as it fills (memory decides): p / speed^(1-p).
     incoming = getattr(e, "incoming_tokens", 0)
-    return (e.kv_used() + incoming) / e.kv_capacity + 0.002 * (e.load() + (incoming > 0))
+    p = (e.kv_used() + incoming) / e.kv_capacity + 0.002 * (e.load() + (incoming > 0))
+    return p / getattr(e, "speed", 1.0) ** max(0.0, 1.0 - p)
 
 
 def _two_choices(candidates: Sequence[Any], key, rng: random.Random | None) -> Any:

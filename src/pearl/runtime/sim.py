@@ -145,7 +145,7 @@ class Simulator(SimTrainer, SimBalance):
         pm = self.perf_on(devices)
         eng = EmulatedEngine(wid, role, self.shared_step_time(pm.step_time), pm.kv_capacity_tokens(), self.cfg.engine.max_num_seqs,
                              self.cfg.engine.max_batched_tokens, self._on_done, self.version)
-        eng.devices = devices
+        eng.devices, eng.speed = devices, self.perf_for(len(devices)).decode_time(32, 1 << 17) / pm.decode_time(32, 1 << 17)
         eng.on_plan = self._on_plan
         self.set_accepting(eng, False)
         self.engines[wid] = eng
