@@ -58,6 +58,10 @@ def test_plan_ranks_layouts_on_two_kinds_of_devices():
     assert any("P h800" in ln for ln in lines) and any("P h20" in ln for ln in lines)
     first = {k: next(i for i, ln in enumerate(lines) if k in ln) for k in ("h800 only", "h20 only")}
     assert first["h800 only"] < first["h20 only"], r.stdout
+    assert "Not ranked: workers of both kinds in one pool" in r.stdout  # the limit is said, not hidden
+    args = ("plan", "--devices", "16", "--mix", "h20:8", "--workload", "web", "--tp", "1,2", "--top", "200")
+    one_kind_per_role = lambda out: any("P@tp" in ln and " only" in ln for ln in out.splitlines())  # noqa: E731
+    assert one_kind_per_role(pearl(*args, "--per-role-tp").stdout) and not one_kind_per_role(pearl(*args).stdout)
 
 
 def test_simulate_saves_a_result(tmp_path):

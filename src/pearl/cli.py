@@ -217,7 +217,7 @@ def plan(
         if get_hardware(other) is get_hardware(hardware):
             raise ConfigError(f"--mix {mix!r}: {other} is --hardware itself; give another kind, or leave --mix out")
         kinds = ((hardware, devices - int(k)), (other, int(k)))
-        rows, elapsed = advise_mix(model, kinds, workload, batch, tps, max_in_flight)
+        rows, elapsed = advise_mix(model, kinds, workload, batch, tps, max_in_flight, per_role_tp)
         where = f"{kinds[0][1]}× {hardware} + {kinds[1][1]}× {other}"
     t = Table(title=f"{model} on {where}, {workload}, batch {batch}{cap}  ({elapsed * 1e3:.1f} ms)")
     for c in ("rank", "layout", *(("on",) if mix else ()), "batch time (s)", "tokens/s", "decode conc.", "bottleneck"):
@@ -226,6 +226,10 @@ def plan(
         t.add_row(str(i), str(shape), *((on,) if mix else ()), f"{p.completion_s:.1f}", f"{p.tokens_per_s:.0f}",
                   f"{p.decode_concurrency:.1f}", p.bottleneck)
     out.print(t)
+    if mix:
+        out.print("Not ranked: workers of both kinds in one pool (colocated on all devices, or a decode pool of "
+                  "both kinds); the predictor prices one kind of decode worker. To compare them, simulate: "
+                  "cluster.rollout_mix in a scenario (docs/scenarios.md).")
 
 
 @app.command()

@@ -56,19 +56,20 @@ def advise(model: str, hardware: str, devices: int, workload: str, batch: int, t
 
 
 def advise_mix(model: str, kinds: tuple[tuple[str, int], tuple[str, int]], workload: str, batch: int,
-               tps: tuple[int, ...] = (1,), max_in_flight: int | None = None
+               tps: tuple[int, ...] = (1,), max_in_flight: int | None = None, per_role: bool = False
                ) -> tuple[list[tuple[str, LayoutShape, Prediction]], float]:
     """Rollout devices of two kinds, `kinds` = ((hardware, count), (hardware, count)): every layout on
     one kind alone (the other idle), and every disaggregated layout with its prefill workers on one
-    kind and its decode workers on the other (each kind used whole, one tp per role). Mixed workers on
-    both kinds at once are not ranked: the predictor assumes one kind of decode-capable worker.
+    kind and its decode workers on the other (each kind used whole, one tp per role; `per_role`: the
+    one-kind layouts too). Mixed workers on both kinds at once are not ranked: the predictor assumes
+    one kind of decode-capable worker.
     Returns (where, shape, prediction), best first, and the seconds it took."""
     t0 = time.perf_counter()
     m = get_model(model)
     perfs = {h: _fitting(m, h, n, tuple(t for t in tps if n % t == 0) or tps) for h, n in kinds}
     rows: list[tuple[str, LayoutShape, PerfModel, PerfModel]] = []
     for h, n in kinds:
-        for s in candidates(n, tuple(perfs[h])):
+        for s in candidates(n, tuple(perfs[h]), per_role):
             rows.append((f"{h} only", s, perfs[h][s.tp], perfs[h][s.tp_of(Role.PREFILL)]))
     for (hp, n_p), (hd, n_d) in (kinds, kinds[::-1]):
         for tpp, pp in perfs[hp].items():
