@@ -38,6 +38,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
 from pearl.config import ScenarioConfig, parse_config  # noqa: E402
+from pearl.config_layout import parse_mix  # noqa: E402
 from pearl.runtime.sim import Simulator  # noqa: E402
 from pearl.runtime.tuning import TUNE_SEED, ratios  # noqa: E402
 
@@ -163,10 +164,10 @@ def headline(cells: dict[tuple[str, int, bool], dict], profiles: list[str],
 
 
 def mix_arg(text: str) -> tuple[str, int]:
-    name, _, k = text.partition(":")
-    if not name or not k.isdigit() or int(k) < 1:
-        raise argparse.ArgumentTypeError(f"expected HARDWARE:N with N >= 1, e.g. h20:8 (got {text!r})")
-    return name, int(k)
+    try:
+        return parse_mix(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def main() -> None:

@@ -210,13 +210,17 @@ def plan(
         ranked, elapsed = advise(model, hardware, devices, workload, batch, tps, per_role_tp, max_in_flight)
         rows, where = [("", s, p) for s, p in ranked], f"{devices}× {hardware}"
     else:
-        other, _, k = mix.partition(":")
-        if not other or not k.isdigit() or not 1 <= int(k) < devices:
-            raise ConfigError(f"--mix {mix!r}: expected HARDWARE:N with 1 <= N < --devices ({devices}), e.g. h20:8")
+        from pearl.config_layout import parse_mix
         from pearl.perf.hardware import get_hardware
+        try:
+            other, k = parse_mix(mix)
+        except ValueError:
+            k = 0
+        if not 1 <= k < devices:
+            raise ConfigError(f"--mix {mix!r}: expected HARDWARE:N with 1 <= N < --devices ({devices}), e.g. h20:8")
         if get_hardware(other) is get_hardware(hardware):
             raise ConfigError(f"--mix {mix!r}: {other} is --hardware itself; give another kind, or leave --mix out")
-        kinds = ((hardware, devices - int(k)), (other, int(k)))
+        kinds = ((hardware, devices - k), (other, k))
         rows, elapsed = advise_mix(model, kinds, workload, batch, tps, max_in_flight, per_role_tp)
         where = f"{kinds[0][1]}× {hardware} + {kinds[1][1]}× {other}"
     t = Table(title=f"{model} on {where}, {workload}, batch {batch}{cap}  ({elapsed * 1e3:.1f} ms)")

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pearl.types import LayoutShape, Mode
 
-__all__ = ["check_layout", "check_layout_fits", "check_rollout_mix", "layout_shape", "worker_sizes"]
+__all__ = ["check_layout", "check_layout_fits", "check_rollout_mix", "layout_shape", "parse_mix", "worker_sizes"]
 
 
 def check_layout(mode: Mode, prefill: int, decode: int, prefill_tp: int | None) -> None:
@@ -79,3 +79,11 @@ def worker_sizes(mode: Mode, prefill: int, decode: int, prefill_tp: int | None, 
         return [tp] * (n // tp)
     sizes = [prefill_tp or tp] * prefill + [tp] * decode
     return sorted(sizes, reverse=True)
+
+
+def parse_mix(text: str) -> tuple[str, int]:
+    """A `--mix HARDWARE:N` option as (hardware, N); ValueError if it is not that shape or N < 1."""
+    name, _, k = text.partition(":")
+    if not name or not k.isdigit() or int(k) < 1:
+        raise ValueError(f"expected HARDWARE:N with N >= 1, e.g. h20:8 (got {text!r})")
+    return name, int(k)

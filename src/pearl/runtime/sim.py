@@ -136,8 +136,7 @@ class Simulator(SimTrainer, SimBalance):
         two kinds of hardware (`cluster.rollout_mix`), the slower link."""
         same = self.node_of(src.devices[0]) == self.node_of(dst.devices[0])
         n = min(len(src.devices), len(dst.devices))
-        return max(self.perf_for(n, self.device_hw.get(e.devices[0])).kv_transfer_time(max(tokens, 0), same)
-                   for e in (src, dst))
+        return max(self.perf_for(n, hw).kv_transfer_time(max(tokens, 0), same) for hw in {src.hw, dst.hw})
 
     def start_worker(self, devices: tuple[int, ...], role: Role, load_s: float = 0.0) -> EmulatedEngine:
         t = self.clock.now
@@ -145,7 +144,8 @@ class Simulator(SimTrainer, SimBalance):
         pm = self.perf_on(devices)
         eng = EmulatedEngine(wid, role, self.shared_step_time(pm.step_time), pm.kv_capacity_tokens(), self.cfg.engine.max_num_seqs,
                              self.cfg.engine.max_batched_tokens, self._on_done, self.version)
-        eng.devices, eng.speed = devices, self.perf_for(len(devices)).decode_time(32, 1 << 17) / pm.decode_time(32, 1 << 17)
+        eng.devices, eng.pm, eng.hw = devices, pm, self.device_hw.get(devices[0])  # its model, and its kind if another
+        eng.speed = 1.0 if eng.hw is None else self.perf_for(len(devices)).decode_time(32, 1 << 17) / pm.decode_time(32, 1 << 17)
         eng.on_plan = self._on_plan
         self.set_accepting(eng, False)
         self.engines[wid] = eng
@@ -291,7 +291,7 @@ class Simulator(SimTrainer, SimBalance):
             peer = home.holds(tr.id) if home is not None and home.accepting else 0
             if peer > held and peer > 0:
                 delay = self.handoff_s(home, eng, peer - held)
-                if delay < self.perf_on(eng.devices).prefill_time(peer - held, held):
+                if delay < eng.pm.prefill_time(peer - held, held):
                     self.clock.at(t + delay, self._fetched, eng, r, peer)
                     return
         else:

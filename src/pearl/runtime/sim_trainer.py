@@ -194,7 +194,7 @@ class SimTrainer:
         tp sets the time, not the configured one) and serves `version` after it."""
         t = self.clock.now
         for eng in list(self.engines.values()):
-            eng.pause(t, t + self.perf_on(eng.devices).weight_sync_time(), version)
+            eng.pause(t, t + eng.pm.weight_sync_time(), version)
             if self.state.workers[eng.wid].phase is not WorkerPhase.STOPPED:
                 self.state.set_version(t, eng.wid, version)
 
