@@ -295,3 +295,31 @@ def test_kv_tensors_follow_the_block_table_through_preemption_eviction_reuse_and
     e.abort(r3.rid, keep_kv=True)
     assert_one_kv_truth(e)
     assert e.holds("s3") == r3.num_computed
+
+
+def test_engines_sharing_weights_step_at_once_on_threads(lm):
+    """A worker started on a lent device shares the live worker's weights and, with parallel steps, runs
+    at the same time on another thread. Its batched decode must not use the other's scratch copy of
+    the KV: before the mirror moved to the KV cache, every greedy output of both differed from the
+    same engine stepped alone (8 of 8)."""
+    import threading
+
+    tok = lm.tokenizer
+    ps = [tok.chat([{"role": "user", "content": f"Say {i} things about number {i * 7}"}]) for i in range(8)]
+    params = SamplingParams(temperature=0, max_new_tokens=40, ignore_eos=True)
+    alone = [o.token_ids for o in engine(lm, max_batched_tokens=512).generate(ps[:4], params)]
+    alone += [o.token_ids for o in engine(lm, max_batched_tokens=512).generate(ps[4:], params)]
+    a = engine(lm, max_batched_tokens=512, num_threads=1)
+    b = engine(lm, max_batched_tokens=512, num_threads=1, share_weights_with=a)
+    assert b.decoder is a.decoder  # one copy of the weights
+    got: dict[int, list] = {}
+
+    def run(k, e, prompts):
+        got[k] = [o.token_ids for o in e.generate(prompts, params)]
+
+    threads = [threading.Thread(target=run, args=(0, a, ps[:4])), threading.Thread(target=run, args=(1, b, ps[4:]))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert got[0] + got[1] == alone

@@ -16,6 +16,7 @@ No scheduling, no model code.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -74,6 +75,7 @@ class KVCache:
         self.device = torch.device(device)
         self._entries: dict[str, _Entry] = {}
         self.table = table  # the owner of which session holds how many tokens (None: unbound)
+        self.mirror: Any = None  # the decoder's padded copy of this cache for batched decode steps
         if table is not None:
             table.attach(self)
 

@@ -15,7 +15,6 @@ only for the rows that need a sample. This module does no scheduling and no samp
 """
 from __future__ import annotations
 
-import weakref
 from dataclasses import dataclass
 from typing import Any, Mapping
 
@@ -25,6 +24,7 @@ import torch.nn.functional as F
 from pearl.errors import ConfigError
 from pearl.perf.models import ModelShape, model_from_hf_config
 from pearl.real.kvcache import KVCache, KVLayout
+from pearl.real.padded import PaddedKV, copy_all
 
 
 @dataclass(frozen=True)
@@ -93,8 +93,8 @@ class Decoder:
         self.version = 0
         inv = 1.0 / (arch.rope_theta ** (torch.arange(0, s.head_dim, 2, dtype=torch.float32) / s.head_dim))
         self._inv_freq = inv.to(self.device)
-        self._cos = self._sin = torch.empty(0, s.head_dim, dtype=dtype, device=self.device)
-        self._pad = _PaddedKV()
+        empty = torch.empty(0, s.head_dim, dtype=dtype, device=self.device)
+        self._rope_table = (empty, empty)  # (cos, sin) by position (`_rope`)
 
     @classmethod
     def from_hf(cls, model: Any, dtype: torch.dtype = torch.float32, version: int = 0) -> "Decoder":
@@ -168,14 +168,19 @@ class Decoder:
 
     # ------------------------------------------------------------ forward
     def _rope(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos and sin at `positions`. The table is read once and replaced whole: engines sharing this
+        decoder (`TorchEngine(share_weights_with=...)`) may step at once on threads, and one that grew
+        the table must not index another's shorter one, nor cos and sin of two builds."""
         need = int(positions.max()) + 1
-        if need > self._cos.shape[0]:
-            n = max(need, 2 * self._cos.shape[0], 256)
+        cos, sin = self._rope_table
+        if need > cos.shape[0]:
+            n = max(need, 2 * cos.shape[0], 256)
             # float32 like transformers, so positions far out round the same way
             freqs = torch.arange(n, dtype=torch.float32, device=self.device)[:, None] * self._inv_freq[None]
             emb = torch.cat([freqs, freqs], dim=-1)
-            self._cos, self._sin = emb.cos().to(self.dtype), emb.sin().to(self.dtype)
-        return self._cos[positions], self._sin[positions]
+            cos, sin = emb.cos().to(self.dtype), emb.sin().to(self.dtype)
+            self._rope_table = (cos, sin)
+        return cos[positions], sin[positions]
 
     def _norm(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         xf = x.float()
@@ -211,7 +216,12 @@ class Decoder:
         if len(dec_idx) < 2:
             dec_idx = []
         in_batch = set(dec_idx)
-        batched = self._pad.prepare(kv, [chunks[i] for i in dec_idx]) if dec_idx else None
+        # The mirror is the KV cache's (`KVCache.mirror`), not the decoder's: engines that share one
+        # copy of the weights (and may step at once, on threads) each step over their own cache.
+        if kv.mirror is None:
+            kv.mirror = PaddedKV()
+        pad = kv.mirror
+        batched = pad.prepare(kv, [chunks[i] for i in dec_idx]) if dec_idx else None
         all_dec = len(dec_idx) == len(chunks)
         per_idx = [i for i in range(len(chunks)) if i not in in_batch]
         dsts, keys, values, masks = [], [], [], []
@@ -242,7 +252,7 @@ class Decoder:
             new_kv = torch.stack([k, v]).transpose(1, 2)  # [2, kv_heads, T, head_dim]
             if per_idx:
                 pieces = new_kv.split(sizes, dim=2)
-                _copy_all([dst[li] for dst in dsts], tuple(pieces[i] for i in per_idx))
+                copy_all([dst[li] for dst in dsts], tuple(pieces[i] for i in per_idx))
             # GQA without copying K/V: the g query heads sharing a KV head act as g query rows (g×n
             # for a chunk), so SDPA sees [1, kv_heads, rows, head_dim]. 4-D operands: the CPU kernel
             # is several times slower on 3-D ones.
@@ -276,92 +286,13 @@ class Decoder:
             gu = F.linear(h, L["gate_up"])
             x = x + F.linear(F.silu(gu[:, : s.ffn]) * gu[:, s.ffn:], L["down"])
         if batched is not None:
-            self._pad.done(kv, [chunks[i] for i in dec_idx])
+            pad.done(kv, [chunks[i] for i in dec_idx])
         for c in chunks:
             kv.commit(c.session, c.start, c.token_ids)
         if not rows:
             return torch.empty(0, s.vocab, dtype=self.dtype, device=self.device)
         h = self._norm(x[torch.tensor(rows, device=self.device)], self.final_norm)
         return F.linear(h, self.lm_head)
-
-
-class _PaddedStep:
-    """One step's batched-decode operands: per layer, the padded K/V mirror with this step's new KV
-    written in, and the padding mask (None when every sequence has the same length)."""
-
-    def __init__(self, buf: torch.Tensor, slots: torch.Tensor, starts: torch.Tensor, max_len: int,
-                 mask: torch.Tensor | None):
-        self.buf, self.slots, self.starts, self.max_len, self.mask = buf, slots, starts, max_len, mask
-
-    def layer(self, li: int, new_kv: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """new_kv [2, kv_heads, B, head_dim] goes to each slot's position `start`; returns K, V views."""
-        B = new_kv.shape[2]
-        lay = self.buf[li]  # [2, slots, kv_heads, capacity, head_dim]
-        lay[:, self.slots, :, self.starts] = new_kv.permute(2, 0, 1, 3)  # indexed dims go first: [B, 2, h, d]
-        return lay[0, :B, :, : self.max_len], lay[1, :B, :, : self.max_len]
-
-
-class _PaddedKV:
-    """A padded mirror [layers, 2, slots, kv_heads, capacity, head_dim] of the KV of the sequences in a
-    batched decode step, kept across steps: slot b is refilled from the session's cache only when it
-    did not hold exactly that session's first `start` positions at the end of the previous step (same
-    KV cache, same session buffer object). Every step forgets what its own decode slots did not
-    write, so KV changed any other way (truncation, a prefill chunk, an import) is always re-read.
-    Positions past a slot's length hold zeros or earlier finite KV and are masked out."""
-
-    def __init__(self) -> None:
-        self.buf: torch.Tensor | None = None
-        self.kv: weakref.ref[KVCache] | None = None
-        self.held: list[tuple[str, weakref.ref[torch.Tensor], int] | None] = []  # per slot: (session, source buffer, length)
-        self._next: list[tuple[str, weakref.ref[torch.Tensor], int] | None] = []
-
-    def prepare(self, kv: KVCache, chunks: list["SeqChunk"]) -> _PaddedStep:
-        B = len(chunks)
-        lens = [c.start + 1 for c in chunks]
-        max_len = max(lens)
-        srcs = [kv.buffer(c.session) for c in chunks]
-        if self.kv is None or self.kv() is not kv:
-            self.kv, self.held = weakref.ref(kv), []
-        ref = srcs[0]
-        buf = self.buf
-        if (buf is None or buf.shape[2] < B or buf.shape[4] < max_len or buf.dtype != ref.dtype
-                or buf.device != ref.device or buf.shape[0] != ref.shape[0] or buf.shape[3] != ref.shape[2]):
-            cap = max(max_len, buf.shape[4] if buf is not None else 0)
-            slots = max(B, buf.shape[2] if buf is not None else 0)
-            new = torch.zeros(ref.shape[0], 2, slots, ref.shape[2], -(-cap // 128) * 128, ref.shape[4],
-                              dtype=ref.dtype, device=ref.device)
-            if buf is not None and buf.shape[0] == new.shape[0] and buf.shape[3] == new.shape[3] \
-                    and buf.dtype == new.dtype and buf.device == new.device:
-                new[:, :, : buf.shape[2], :, : buf.shape[4]] = buf
-            else:
-                self.held = []
-            self.buf = buf = new
-        self.held += [None] * (buf.shape[2] - len(self.held))
-        dst, src = [], []
-        for b, (c, sb) in enumerate(zip(chunks, srcs)):
-            h = self.held[b]
-            if not (h is not None and h[0] == c.session and h[1]() is sb and h[2] == c.start) and c.start > 0:
-                dst.append(buf[:, :, b, :, : c.start])
-                src.append(sb[:, :, :, : c.start])
-        if dst:
-            _copy_all(dst, tuple(src))
-        self._next = [(c.session, weakref.ref(sb), c.start + 1) for c, sb in zip(chunks, srcs)]
-        self.held = [None] * buf.shape[2]  # until done(): a failed step leaves nothing trusted
-        dev = buf.device
-        mask = None
-        if min(lens) != max_len:
-            ln = torch.tensor(lens, device=dev)
-            mask = (torch.arange(max_len, device=dev)[None, :] < ln[:, None])[:, None, None, :]
-        return _PaddedStep(buf, torch.arange(B, device=dev), torch.tensor([c.start for c in chunks], device=dev),
-                           max_len, mask)
-
-    def done(self, kv: KVCache, chunks: list["SeqChunk"]) -> None:
-        """Write the step's new KV (every layer, one copy per sequence) back to the sessions' caches."""
-        buf = self.buf
-        assert buf is not None
-        _copy_all([kv.buffer(c.session)[:, :, :, c.start] for c in chunks],
-                  tuple(buf[:, :, b, :, c.start] for b, c in enumerate(chunks)))
-        self.held = self._next + [None] * (self.buf.shape[2] - len(self._next))  # type: ignore[union-attr]
 
 
 def _spread(idx: list[int], n: int, *cols: list) -> list[list]:
@@ -373,16 +304,6 @@ def _spread(idx: list[int], n: int, *cols: list) -> list[list]:
             full[i] = v
         out.append(full)
     return out
-
-
-def _copy_all(dst: list[torch.Tensor], src: tuple[torch.Tensor, ...]) -> None:
-    """dst[i] <- src[i] for all i; one fused call where torch has it."""
-    foreach = getattr(torch, "_foreach_copy_", None)
-    if foreach is not None:
-        foreach(dst, list(src))
-    else:
-        for a, b in zip(dst, src):
-            a.copy_(b)
 
 
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:
