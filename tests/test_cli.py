@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -11,9 +12,10 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def pearl(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
+def pearl(*args: str, cwd: Path | None = None, columns: int | None = None) -> subprocess.CompletedProcess:
+    env = None if columns is None else {**os.environ, "COLUMNS": str(columns)}  # (a wide table, not cut)
     return subprocess.run([sys.executable, "-m", "pearl.cli", *args], capture_output=True, text=True,
-                          cwd=cwd or ROOT, timeout=300)
+                          cwd=cwd or ROOT, timeout=300, env=env)
 
 
 def test_help_lists_every_command():
@@ -48,17 +50,21 @@ def test_plan_ranks_at_the_concurrency_a_cap_allows():
 
 
 def test_plan_ranks_layouts_on_two_kinds_of_devices():
-    """8 H800 + 8 H20: layouts on either kind alone and prefill on one kind, decode on the other; on
+    """8 H800 + 8 H20: layouts on either kind alone, prefill on one kind and decode on the other, and
+    pools of both kinds; on
     game (short turns, compute-bound) the H800s alone beat the H20s alone, as the simulator measures
     (`benchmarks/mix_plan.py`)."""
-    r = pearl("plan", "--devices", "16", "--mix", "h20:8", "--workload", "game", "--top", "100")
+    r = pearl("plan", "--devices", "16", "--mix", "h20:8", "--workload", "game", "--top", "100", columns=200)
     assert r.returncode == 0, r.stderr
     assert "8× h800 + 8× h20" in r.stdout
     lines = r.stdout.splitlines()
     assert any("P h800" in ln for ln in lines) and any("P h20" in ln for ln in lines)
     first = {k: next(i for i, ln in enumerate(lines) if k in ln) for k in ("h800 only", "h20 only")}
     assert first["h800 only"] < first["h20 only"], r.stdout
-    assert "Not ranked: workers of both kinds in one pool" in r.stdout  # the limit is said, not hidden
+    # pools of both kinds are ranked too (colocated on all 16; decode on both behind prefill on one)
+    assert any("│ both " in ln and "colocated×16" in ln for ln in lines), r.stdout
+    assert any("P h800, D both" in ln for ln in lines) and any("P h20, D both" in ln for ln in lines)
+    assert "Not ranked: a pool with a tp per kind" in r.stdout  # what is left out is said, not hidden
     args = ("plan", "--devices", "16", "--mix", "h20:8", "--workload", "web", "--tp", "1,2", "--top", "200")
     one_kind_per_role = lambda out: any("P@tp" in ln and " only" in ln for ln in out.splitlines())  # noqa: E731
     assert one_kind_per_role(pearl(*args, "--per-role-tp").stdout) and not one_kind_per_role(pearl(*args).stdout)

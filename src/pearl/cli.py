@@ -193,7 +193,7 @@ def plan(
     top: int = typer.Option(10, parser=_int_in(1, 100_000), help="Rows to show."),
     per_role_tp: bool = typer.Option(False, "--per-role-tp", help="Also rank prefill workers at a tp of their own (e.g. 1P@tp4:4D@tp1)."),
     max_in_flight: Optional[int] = typer.Option(None, "--max-in-flight", parser=_int_in(1, MAX_BATCH), help="At most this many trajectories in flight, the rest of the batch queued (rl.max_concurrent_trajectories)."),
-    mix: Optional[str] = typer.Option(None, "--mix", help="HARDWARE:N: N of the --devices are of this other kind (e.g. h20:8): rank layouts on either kind, and prefill on one, decode on the other."),
+    mix: Optional[str] = typer.Option(None, "--mix", help="HARDWARE:N: N of the --devices are of this other kind (e.g. h20:8): rank layouts on either kind, prefill on one and decode on the other, and pools of both kinds."),
 ) -> None:
     """Which PD mode and ratio for this model, hardware, budget and workload? A ranked table."""
     from pearl.control.advisor import advise, advise_mix
@@ -231,9 +231,10 @@ def plan(
                   f"{p.decode_concurrency:.1f}", p.bottleneck)
     out.print(t)
     if mix:
-        out.print("Not ranked: workers of both kinds in one pool (colocated on all devices, or a decode pool of "
-                  "both kinds); the predictor prices one kind of decode worker. To compare them, simulate: "
-                  "cluster.rollout_mix in a scenario (docs/scenarios.md).")
+        out.print("On 'both' and 'P …, D both': workers of both kinds in one pool, one tp on all, the batch split "
+                  "between the kinds as the router splits it. Not ranked: a pool with a tp per kind, prefill "
+                  "workers on both kinds. To run a layout, simulate it: cluster.rollout_mix in a scenario "
+                  "(docs/scenarios.md).")
 
 
 @app.command()

@@ -7,6 +7,7 @@ import time
 
 from pearl.config import EngineConfig, WorkloadConfig
 from pearl.control.predictor import BatchState, Prediction, WorkloadStats, predict_many, prepare
+from pearl.control.predictor_mix import KindPart, predict_two_kinds
 from pearl.control.selector import candidates
 from pearl.errors import ConfigError, ResourceError
 from pearl.perf.hardware import get_hardware
@@ -59,10 +60,11 @@ def advise_mix(model: str, kinds: tuple[tuple[str, int], tuple[str, int]], workl
                tps: tuple[int, ...] = (1,), max_in_flight: int | None = None, per_role: bool = False
                ) -> tuple[list[tuple[str, LayoutShape, Prediction]], float]:
     """Rollout devices of two kinds, `kinds` = ((hardware, count), (hardware, count)): every layout on
-    one kind alone (the other idle), and every disaggregated layout with its prefill workers on one
-    kind and its decode workers on the other (each kind used whole, one tp per role; `per_role`: the
-    one-kind layouts too). Mixed workers on both kinds at once are not ranked: the predictor assumes
-    one kind of decode-capable worker.
+    one kind alone (the other idle); every disaggregated layout with its prefill workers on one kind
+    and its decode workers on the other (each kind used whole, one tp per role; `per_role`: the
+    one-kind layouts too); and, at each tp both kinds hold, the layouts whose workers span both kinds
+    (`pearl.control.predictor_mix`): colocated on every device, and P prefill workers on one kind's
+    first devices with decode workers on the rest of that kind and all of the other.
     Returns (where, shape, prediction), best first, and the seconds it took."""
     t0 = time.perf_counter()
     m = get_model(model)
@@ -77,5 +79,28 @@ def advise_mix(model: str, kinds: tuple[tuple[str, int], tuple[str, int]], workl
                 rows.append((f"P {hp}, D {hd}",
                              LayoutShape.disaggregated(n_p // tpp, n_d // tpd, tpd, tpp), pd, pp))
     preds = _predict(workload, batch, max_in_flight, [r[1] for r in rows], [r[2] for r in rows], [r[3] for r in rows])
-    ranked = sorted(((r[0], r[1], p) for r, p in zip(rows, preds)), key=lambda x: x[2].completion_s)
-    return ranked, time.perf_counter() - t0
+    out = [(r[0], r[1], p) for r, p in zip(rows, preds)] + _both_kinds(perfs, kinds, workload, batch, max_in_flight)
+    return sorted(out, key=lambda x: x[2].completion_s), time.perf_counter() - t0
+
+
+def _both_kinds(perfs: dict[str, dict[int, PerfModel]], kinds: tuple[tuple[str, int], tuple[str, int]],
+                workload: str, batch: int, max_in_flight: int | None) -> list[tuple[str, LayoutShape, Prediction]]:
+    """The layouts whose decode-capable workers span both kinds, one tp on all (as a scenario's
+    `cluster.rollout_mix` runs them: the first kind's devices first, prefill workers on the first)."""
+    stats = WorkloadStats.from_workload(Workload(WorkloadConfig(profile=workload)))
+    n = batch if max_in_flight is None else min(max_in_flight, batch)
+    b = BatchState(n_fresh=n, queued=batch - n)
+    reps, out = prepare(stats, b, 64, 8), []
+    for tp in sorted(set(perfs[kinds[0][0]]) & set(perfs[kinds[1][0]])):
+        w = [c // tp for _, c in kinds]
+        parts = [KindPart(w[k], perfs[h][tp]) for k, (h, _) in enumerate(kinds)]
+        out.append(("both", LayoutShape.colocated(sum(w), tp),
+                    predict_two_kinds(parts, EngineConfig(), stats, b, reps=reps)))
+        for k, (h, _) in enumerate(kinds):  # prefill on kind k's first workers, decode on all the rest
+            other = KindPart(w[1 - k], perfs[kinds[1 - k][0]][tp])
+            for n_p in range(1, w[k]):
+                mine = KindPart(w[k] - n_p, perfs[h][tp], with_prefill=True)
+                out.append((f"P {h}, D both", LayoutShape.disaggregated(n_p, sum(w) - n_p, tp),
+                            predict_two_kinds([mine, other], EngineConfig(), stats, b, prefill=(n_p, perfs[h][tp]),
+                                              reps=reps)))
+    return out

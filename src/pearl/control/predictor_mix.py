@@ -1,0 +1,158 @@
+"""Batch completion on rollout workers of two kinds of device (e.g. H800s and H20s serving together).
+
+A layout whose decode-capable workers (mixed, or decode behind shared prefill workers) run on two
+kinds of device is priced as two parts, one per kind. A trajectory's KV lives on one worker, so the
+batch splits: a share α of it on the first kind's workers, the rest on the second's. Every quantity
+of the one-kind model (`pearl.control.predictor`) that involves other trajectories is per worker (its
+decode batch, its KV, its chunk queue) or per prefill worker (its queue, its KV), so the part serving
+α·N trajectories on n workers is the one-kind model of all N on n/α workers with the prefill workers
+unchanged (each part sends them its share of the turns): one vectorised solve prices every part at
+every α. The batch ends when both parts have: P(max ≤ t) = Π_parts Π_c F_c,part(t)^(share·n_c).
+
+α is what the router makes of it (`pearl.engine.router.kv_pressure`): a worker takes new sessions
+while its pressure p / speed^(1-p) is the lowest (p its KV fullness, speed its decode speed relative
+to the fastest kind's), so at equilibrium the pressures are equal: far from full each kind holds KV in
+proportion to its speed, near full in proportion to its memory. The fullness is set by the KV the
+batch holds: the alive trajectories' mean context, from the one-kind solve (`share="router"`).
+`share="best"` instead takes the α that ends the batch first (a router that balances perfectly);
+a number fixes α.
+
+Known trajectories (a batch in progress) are not supported: the planner's question is a fresh batch.
+Pure: no clocks, no I/O.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+from scipy.optimize import brentq
+
+from pearl.config import EngineConfig
+from pearl.control.predictor import BatchState, Prediction, WorkloadStats, _stacked, prepare
+from pearl.control.predictor_core import BatchReps, _expected_max, _same_node_share, _solve
+from pearl.perf.roofline import PerfModel
+from pearl.types import LayoutShape
+
+_GRID = np.linspace(0.04, 0.96, 24)  # the shares α priced at once (then refined around the pick)
+
+
+@dataclass(frozen=True)
+class KindPart:
+    """The decode-capable workers on one kind of device: how many, their model (its tp and hardware),
+    and whether they share a node with the prefill workers (disaggregated layouts)."""
+
+    workers: int
+    perf: PerfModel
+    with_prefill: bool = False
+
+
+def _speed(pm: PerfModel) -> float:
+    return 1.0 / pm.decode_time(32, 1 << 17)  # as the simulator rates a worker (`Simulator`, eng.speed)
+
+
+def router_share(parts: Sequence[KindPart], held_tokens: float) -> float:
+    """The share of sessions on the first part's workers once the router's pressures are equal, with
+    `held_tokens` of KV held in all (the level sets whether speed or memory decides)."""
+    cap = [p.workers * p.perf.kv_capacity_tokens() for p in parts]
+    top = max(_speed(p.perf) for p in parts)
+    sp = [_speed(p.perf) / top for p in parts]
+
+    def fullness(pressure: float, k: int) -> float:  # the p with p / sp^(1-p) = pressure (increasing in p)
+        return brentq(lambda p: p / sp[k] ** (1.0 - p) - pressure, 0.0, 1.0) if pressure < 1.0 else 1.0
+
+    total = sum(cap)
+    if held_tokens >= total:
+        return cap[0] / total
+    level = brentq(lambda x: sum(fullness(x, k) * cap[k] for k in range(2)) - held_tokens, 1e-12, 1.0)
+    held = [fullness(level, k) * cap[k] for k in range(2)]
+    return held[0] / sum(held)
+
+
+def _combined(reps: BatchReps, shares: Sequence[float]) -> BatchReps:
+    """The batch's representatives once per part, each class `share` of its size (for `_expected_max`)."""
+    n_lab = max(reps.sizes) + 1
+    label = np.concatenate([reps.label + k * n_lab for k in range(len(shares))])
+    sizes = {c + k * n_lab: n * a for k, a in enumerate(shares) for c, n in reps.sizes.items()}
+    return BatchReps({}, np.tile(reps.w, len(shares)), label, np.tile(reps.q, len(shares)), sizes)
+
+
+def predict_two_kinds(parts: Sequence[KindPart], engine: EngineConfig, stats: WorkloadStats, batch: BatchState,
+                      prefill: tuple[int, PerfModel] | None = None, share: str | float = "router",
+                      devices_per_node: int = 8, reps: BatchReps | None = None, tol: float = 1e-3,
+                      grid_points: int = 48) -> Prediction:
+    """The batch's completion with its decode-capable workers in two `parts` (mixed workers, or with
+    `prefill` = (workers, model), decode workers behind those prefill workers); see the module
+    docstring for `share`. `breakdown["share"]` is the α used."""
+    if len(parts) != 2 or min(p.workers for p in parts) < 1:
+        raise ValueError("predict_two_kinds needs two parts with at least one worker each")
+    if any(t.spec is not None for t in batch.trajectories):
+        raise ValueError("predict_two_kinds prices a batch not yet started (no known trajectories)")
+    reps = reps if reps is not None else prepare(stats, batch, 64, 8)
+    dis = prefill is not None
+    n_p, pre = (prefill if dis else (0, None))
+
+    def solve(alphas: np.ndarray, steady: bool = False) -> dict:
+        rows = [(k, a if k == 0 else 1.0 - a) for a in alphas for k in range(2)]
+        cf = _stacked([parts[k].perf for k, _ in rows])
+        cfp = _stacked([pre if dis else parts[k].perf for k, _ in rows])
+        n_dw = np.array([[parts[k].workers / a] for k, a in rows])
+        p_same = np.array([[_pair_share(parts[k], n_p, devices_per_node) if dis else 1.0] for k, _ in rows])
+        flags = np.full((len(rows), 1), dis)
+        return _solve(cf, n_dw, np.full((len(rows), 1), float(n_p)), flags, p_same, engine, reps, tol, cfp, steady)
+
+    def ends(alphas: np.ndarray, r: dict) -> np.ndarray:
+        T, sig = r["T"], r["sigma"]
+        return np.array([_expected_max(np.hstack([T[2 * i], T[2 * i + 1]])[None],
+                                       np.hstack([sig[2 * i], sig[2 * i + 1]])[None],
+                                       _combined(reps, (a, 1.0 - a)), grid_points)[0] for i, a in enumerate(alphas)])
+
+    if share == "best":
+        grid = _GRID
+        comp = ends(grid, solve(grid))
+        i = int(np.argmin(comp))
+        fine = np.linspace(grid[max(i - 1, 0)], grid[min(i + 1, len(grid) - 1)], 9)
+        fc = ends(fine, solve(fine))
+        alpha = float(fine[int(np.argmin(fc))])
+    elif share == "router":
+        alpha = router_share(parts, _held_tokens(reps, solve(np.array([0.5]))))
+    else:
+        alpha = float(share)
+        if not 0.0 < alpha < 1.0:
+            raise ValueError(f"share must be in (0, 1), 'best' or 'router' (got {share!r})")
+    a = np.array([alpha])
+    r = solve(a)
+    comp = float(ends(a, r)[0])
+    w, n = reps.w, reps.w.sum()
+    gen = float((w * (reps.work["Dn"] + reps.work["K"])).sum())
+    if batch.queued > 0:  # the queued ones at the parts' steady pace together (Little's law per part)
+        st = solve(a, steady=True)["T"]
+        rate = alpha * n / ((w * st[0]).sum() / n) + (1 - alpha) * n / ((w * st[1]).sum() / n)
+        comp, gen = comp + batch.queued / rate, gen * (1 + batch.queued / n)
+    # decode concurrency per worker, over both kinds (each part's is per worker already)
+    conc = float(sum(p.workers * c for p, c in zip(parts, r["concurrency"])) / sum(p.workers for p in parts))
+    mean_T = [(w * r["T"][k]).sum() / n for k in range(2)]
+    return Prediction(comp, gen / comp, conc, "decode",
+                      dict(share=alpha, mean_T=mean_T, evicted_share=[float(x) for x in r["evict"]]))
+
+
+def _pair_share(part: KindPart, n_p: int, devices_per_node: int) -> float:
+    """Share of this part's (prefill, decode) pairs on one node: none unless it shares the prefill
+    workers' kind (two kinds never share a node), then as a one-kind layout of its own workers."""
+    if not part.with_prefill:
+        return 0.0
+    return _same_node_share(LayoutShape.disaggregated(n_p, part.workers, part.perf.tp), devices_per_node)
+
+
+def _held_tokens(reps: BatchReps, r: dict) -> float:
+    """KV the batch holds on average over its life: the alive trajectories' mean context, time-weighted
+    (from a solve, summed over its parts' segments)."""
+    w, c0 = reps.w, reps.work["c0"]
+    grow = reps.work["cF"] - reps.work["c0"]
+    T = r["T"]
+    horizon = float(T.max())
+    held = 0.0
+    for k in range(T.shape[0]):  # each trajectory holds c0 + grow·t/T_i over [0, T_i]: mean c0 + grow/2
+        held += float((w * (c0 + grow / 2) * T[k]).sum()) / horizon / T.shape[0]
+    return held
+
