@@ -8,10 +8,15 @@ batch shapes): the comparison is paired. Each run prints its rollout and trainin
 rewards per step (the trainer computes only when a group's rewards differ: a step with signal costs
 ~10 s on one core, one without ~0).
 
+Repeat i runs both arms with `seed: i` (other prompts, other samples). With one seed for every
+repeat the fixed arm is one draw, run three times: its runs are identical, while PEARL's runs differ
+from it and from each other wherever a float difference flips a token, and so in which steps have
+training signal; the 2026-12-04 run drew 2-3 s of training for fixed against 26-30 s for all three
+PEARL runs. With a seed per repeat both arms draw their training signal from the same distribution.
 Runs alternate (fixed, pearl, fixed, pearl, ...) so drift in the machine's load hits both; each
 run's throughput is over its steady state (trajectories of steps 2..N over the time from the end of
-step 1 to the end of step N: model loading and calibration excluded). Prints every run, the
-trainer's worst wait for its device, and, last, the ratio of the medians.
+step 1 to the end of step N: model loading and calibration excluded). Prints every run, each seed's
+paired ratio, the trainer's worst wait for its device, and, last, the ratio of the medians.
 
     .venv/bin/python benchmarks/real_borrow.py [--steps 4] [--staleness 0] [--repeats 3]
 """
@@ -29,12 +34,12 @@ from tempfile import TemporaryDirectory
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def run(borrow: bool, steps: int, staleness: int) -> dict:
+def run(borrow: bool, steps: int, staleness: int, seed: int) -> dict:
     """One `pearl train` in its own process (as a user runs it: nothing carried over between runs)."""
     with TemporaryDirectory() as d:
         out = Path(d) / "run"
         cmd = [sys.executable, "-m", "pearl.cli", "train", str(ROOT / "configs" / "smollm2-calculator.yaml"),
-               "--set", f"max_steps={steps}", "--set", f"staleness={staleness}",
+               "--set", f"max_steps={steps}", "--set", f"staleness={staleness}", "--set", f"seed={seed}",
                "--set", f"policy.borrow={'true' if borrow else 'false'}", "--out", str(out)]
         env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
         subprocess.run(cmd, check=True, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -53,18 +58,20 @@ if __name__ == "__main__":
     ap = argparse.ArgumentParser()
     ap.add_argument("--steps", type=int, default=4)
     ap.add_argument("--staleness", type=int, default=0, help="η (0: synchronous, the trainer idles most)")
-    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--repeats", type=int, default=3, help="runs per arm; repeat i uses seed i")
     a = ap.parse_args()
     runs: dict[str, list[dict]] = {"fixed": [], "pearl": []}
     print(f"smollm2-135m calculator, {a.steps} steps x 2 x 4 trajectories, η={a.staleness}, "
-          f"1 rollout worker, 2 cores, {a.repeats} runs each, alternating", flush=True)
+          f"1 rollout worker, 2 cores, {a.repeats} runs each (seeds 0..{a.repeats - 1}), alternating", flush=True)
     for i in range(a.repeats):
         for name in ("fixed", "pearl"):
-            r = run(name == "pearl", a.steps, a.staleness)
+            r = run(name == "pearl", a.steps, a.staleness, seed=i)
             runs[name].append(r)
-            print(f"  {name} run {i + 1}: {r['per_s']:.3f} trajectories/s (steady state), {r['lends']} lends, "
+            print(f"  {name} seed {i}: {r['per_s']:.3f} trajectories/s (steady state), {r['lends']} lends, "
                   f"rollout {r['rollout_s']:.1f} s + training {r['train_s']:.1f} s, rewards {r['rewards']}, "
                   f"worst trainer wait {r['trainer_device_wait_max_s']:.3f} s", flush=True)
+    paired = [p["per_s"] / f["per_s"] for f, p in zip(runs["fixed"], runs["pearl"])]
+    print("paired ratios (pearl / fixed, same seed): " + ", ".join(f"{x:.2f}" for x in paired))
     med = {k: statistics.median(r["per_s"] for r in v) for k, v in runs.items()}
     roll = {k: statistics.median(r["rollout_s"] for r in v) for k, v in runs.items()}
     print(f"median rollout seconds (steps 2..N): fixed {roll['fixed']:.1f}, pearl {roll['pearl']:.1f} "
