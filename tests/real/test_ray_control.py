@@ -86,7 +86,8 @@ def test_ray_worse_start_is_switched_for_real_and_nothing_is_lost(local_ray, tmp
     s = run(tmp_path, layout="1P:1D", max_steps=4)
     s["_dir"] = tmp_path
     switched = [d for d in s["decisions"] if d["switch"]]
-    assert switched and switched[0]["current"] == "1P:1D" and switched[0]["chosen"] == "colocated×2"
+    first = [(round(d["t"], 2), d["rule"], d["reason"][:120]) for d in s["decisions"][:6]]  # (if it fails: why)
+    assert switched and switched[0]["current"] == "1P:1D" and switched[0]["chosen"] == "colocated×2", first
     assert switched[0]["plan"]["flips"] >= 1 and switched[0]["gain_s"] > 0
     assert s["controller"]["layout_final"] == "colocated×2" and "[ray]" in s["layout"]
     assert s["steps"] == 4 and s["trajectories"]["failed"] == 0 and s["ray_workers_lost"] == 0
