@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 
 from pearl.config import EngineConfig, WorkloadConfig
-from pearl.control.predictor import BatchState, Prediction, WorkloadStats, predict_many, prepare
+from pearl.control.predictor import BatchReps, BatchState, Prediction, WorkloadStats, predict_many, prepare
 from pearl.control.predictor_mix import KindPart, predict_two_kinds
 from pearl.control.selector import candidates
 from pearl.errors import ConfigError, ResourceError
@@ -34,13 +34,20 @@ def _fitting(shape_m, hardware: str, devices: int, tps: tuple[int, ...]) -> dict
     return perfs
 
 
-def _predict(workload: str, batch: int, max_in_flight: int | None, shapes: list[LayoutShape],
-             perfs: list[PerfModel], prefill_perfs: list[PerfModel]) -> list[Prediction]:
+def _batch(workload: str, batch: int, max_in_flight: int | None) -> tuple[WorkloadStats, BatchState, BatchReps]:
+    """The workload's statistics, the batch (`max_in_flight` at a time, the rest queued) and its
+    representatives."""
     stats = WorkloadStats.from_workload(Workload(WorkloadConfig(profile=workload)))
     n = batch if max_in_flight is None else min(max_in_flight, batch)
     b = BatchState(n_fresh=n, queued=batch - n)
-    return predict_many(shapes, perfs, EngineConfig(), stats, b, reps=prepare(stats, b, 64, 8), tol=1e-2,
-                        grid_points=48, prefill_perfs=prefill_perfs)
+    return stats, b, prepare(stats, b, 64, 8)
+
+
+def _predict(at: tuple[WorkloadStats, BatchState, BatchReps], shapes: list[LayoutShape],
+             perfs: list[PerfModel], prefill_perfs: list[PerfModel]) -> list[Prediction]:
+    stats, b, reps = at
+    return predict_many(shapes, perfs, EngineConfig(), stats, b, reps=reps, tol=1e-2, grid_points=48,
+                        prefill_perfs=prefill_perfs)
 
 
 def advise(model: str, hardware: str, devices: int, workload: str, batch: int, tps: tuple[int, ...] = (1,),
@@ -50,7 +57,7 @@ def advise(model: str, hardware: str, devices: int, workload: str, batch: int, t
     t0 = time.perf_counter()
     perfs = _fitting(get_model(model), hardware, devices, tps)
     shapes = candidates(devices, tuple(perfs), per_role)
-    preds = _predict(workload, batch, max_in_flight, shapes, [perfs[s.tp] for s in shapes],
+    preds = _predict(_batch(workload, batch, max_in_flight), shapes, [perfs[s.tp] for s in shapes],
                      [perfs[s.tp_of(Role.PREFILL)] for s in shapes])
     ranked = sorted(zip(shapes, preds), key=lambda x: x[1].completion_s)
     return ranked, time.perf_counter() - t0
@@ -78,19 +85,18 @@ def advise_mix(model: str, kinds: tuple[tuple[str, int], tuple[str, int]], workl
             for tpd, pd in perfs[hd].items():
                 rows.append((f"P {hp}, D {hd}",
                              LayoutShape.disaggregated(n_p // tpp, n_d // tpd, tpd, tpp), pd, pp))
-    preds = _predict(workload, batch, max_in_flight, [r[1] for r in rows], [r[2] for r in rows], [r[3] for r in rows])
-    out = [(r[0], r[1], p) for r, p in zip(rows, preds)] + _both_kinds(perfs, kinds, workload, batch, max_in_flight)
+    at = _batch(workload, batch, max_in_flight)
+    preds = _predict(at, [r[1] for r in rows], [r[2] for r in rows], [r[3] for r in rows])
+    out = [(r[0], r[1], p) for r, p in zip(rows, preds)] + _both_kinds(perfs, kinds, at)
     return sorted(out, key=lambda x: x[2].completion_s), time.perf_counter() - t0
 
 
 def _both_kinds(perfs: dict[str, dict[int, PerfModel]], kinds: tuple[tuple[str, int], tuple[str, int]],
-                workload: str, batch: int, max_in_flight: int | None) -> list[tuple[str, LayoutShape, Prediction]]:
+                at: tuple[WorkloadStats, BatchState, BatchReps]) -> list[tuple[str, LayoutShape, Prediction]]:
     """The layouts whose decode-capable workers span both kinds, one tp on all (as a scenario's
     `cluster.rollout_mix` runs them: the first kind's devices first, prefill workers on the first)."""
-    stats = WorkloadStats.from_workload(Workload(WorkloadConfig(profile=workload)))
-    n = batch if max_in_flight is None else min(max_in_flight, batch)
-    b = BatchState(n_fresh=n, queued=batch - n)
-    reps, out = prepare(stats, b, 64, 8), []
+    stats, b, reps = at
+    out: list[tuple[str, LayoutShape, Prediction]] = []
     for tp in sorted(set(perfs[kinds[0][0]]) & set(perfs[kinds[1][0]])):
         w = [c // tp for _, c in kinds]
         parts = [KindPart(w[k], perfs[h][tp]) for k, (h, _) in enumerate(kinds)]

@@ -47,16 +47,12 @@ class KindPart:
     with_prefill: bool = False
 
 
-def _speed(pm: PerfModel) -> float:
-    return 1.0 / pm.decode_time(32, 1 << 17)  # as the simulator rates a worker (`Simulator`, eng.speed)
-
-
 def router_share(parts: Sequence[KindPart], held_tokens: float) -> float:
     """The share of sessions on the first part's workers once the router's pressures are equal, with
     `held_tokens` of KV held in all (the level sets whether speed or memory decides)."""
     cap = [p.workers * p.perf.kv_capacity_tokens() for p in parts]
-    top = max(_speed(p.perf) for p in parts)
-    sp = [_speed(p.perf) / top for p in parts]
+    top = max(p.perf.decode_speed() for p in parts)
+    sp = [p.perf.decode_speed() / top for p in parts]
 
     def fullness(pressure: float, k: int) -> float:  # the p with p / sp^(1-p) = pressure (increasing in p)
         return brentq(lambda p: p / sp[k] ** (1.0 - p) - pressure, 0.0, 1.0) if pressure < 1.0 else 1.0
@@ -145,14 +141,7 @@ def _pair_share(part: KindPart, n_p: int, devices_per_node: int) -> float:
 
 
 def _held_tokens(reps: BatchReps, r: dict) -> float:
-    """KV the batch holds on average over its life: the alive trajectories' mean context, time-weighted
-    (from a solve, summed over its parts' segments)."""
-    w, c0 = reps.w, reps.work["c0"]
-    grow = reps.work["cF"] - reps.work["c0"]
-    T = r["T"]
-    horizon = float(T.max())
-    held = 0.0
-    for k in range(T.shape[0]):  # each trajectory holds c0 + grow·t/T_i over [0, T_i]: mean c0 + grow/2
-        held += float((w * (c0 + grow / 2) * T[k]).sum()) / horizon / T.shape[0]
-    return held
-
+    """KV the batch holds on average over its life: each trajectory holds c0 + grow·t/T_i over
+    [0, T_i] (mean c0 + grow/2), time-weighted over the longest life, averaged over the solve's rows."""
+    held = reps.work["c0"] + (reps.work["cF"] - reps.work["c0"]) / 2
+    return float((reps.w * held * r["T"]).sum(axis=1).mean() / r["T"].max())

@@ -191,6 +191,11 @@ class PerfModel:
     def decode_time(self, batch: int, total_context: int) -> float:
         return self.step_time(batch, total_context)
 
+    def decode_speed(self) -> float:
+        """Decode steps per second at a reference load (32 sequences, 128k tokens of context): how
+        the router and the two-kind predictor weigh workers on different hardware against each other."""
+        return 1.0 / self.decode_time(32, 1 << 17)
+
     def prefill_time(self, tokens: int, context_before: int = 0) -> float:
         """One step prefilling `tokens` prompt tokens after `context_before` cached ones."""
         return self.step_time(0, 0, tokens, tokens * (context_before + tokens / 2.0))

@@ -41,7 +41,6 @@ class PaddedKV:
 
     def __init__(self) -> None:
         self.buf: torch.Tensor | None = None
-        self.kv: weakref.ref[KVCache] | None = None
         self.held: list[tuple[str, weakref.ref[torch.Tensor], int] | None] = []  # per slot: (session, source buffer, length)
         self._next: list[tuple[str, weakref.ref[torch.Tensor], int] | None] = []
 
@@ -50,8 +49,6 @@ class PaddedKV:
         lens = [c.start + 1 for c in chunks]
         max_len = max(lens)
         srcs = [kv.buffer(c.session) for c in chunks]
-        if self.kv is None or self.kv() is not kv:
-            self.kv, self.held = weakref.ref(kv), []
         ref = srcs[0]
         buf = self.buf
         if (buf is None or buf.shape[2] < B or buf.shape[4] < max_len or buf.dtype != ref.dtype

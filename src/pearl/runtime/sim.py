@@ -145,7 +145,7 @@ class Simulator(SimTrainer, SimBalance):
         eng = EmulatedEngine(wid, role, self.shared_step_time(pm.step_time), pm.kv_capacity_tokens(), self.cfg.engine.max_num_seqs,
                              self.cfg.engine.max_batched_tokens, self._on_done, self.version)
         eng.devices, eng.pm, eng.hw = devices, pm, self.device_hw.get(devices[0])  # its model, and its kind if another
-        eng.speed = 1.0 if eng.hw is None else self.perf_for(len(devices)).decode_time(32, 1 << 17) / pm.decode_time(32, 1 << 17)
+        eng.speed = 1.0 if eng.hw is None else pm.decode_speed() / self.perf_for(len(devices)).decode_speed()
         eng.on_plan = self._on_plan
         self.set_accepting(eng, False)
         self.engines[wid] = eng
