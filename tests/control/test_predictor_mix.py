@@ -68,3 +68,10 @@ def test_bad_requests_are_refused_with_the_reason():
     started = BatchState(trajectories=(TrajectoryProgress(1, 100, st.spec(0)),))
     with pytest.raises(ValueError, match="not yet started"):
         predict_two_kinds([KindPart(8, H800), KindPart(8, H20)], EngineConfig(), st, started)
+
+
+def test_the_bottleneck_is_read_off_the_critical_trajectory():
+    """Not a fixed label: the term that dominates the trajectory ending nearest the batch's end."""
+    got = predict_two_kinds([KindPart(8, H800), KindPart(8, H20)], EngineConfig(), _stats("search"), B)
+    path = got.breakdown["critical_path"]
+    assert set(path) == {"env", "decode", "prefill"} and got.bottleneck == max(path, key=path.get)

@@ -301,15 +301,22 @@ def predict_many(shapes: Sequence[LayoutShape], perfs: Sequence[PerfModel], engi
     out = []
     for i, s in enumerate(shapes):
         j = int(np.argmin(np.abs(T[i] - end[i])))  # the critical trajectory: the one ending nearest
-        terms = dict(env=float(reps.work["E"][j]), decode=float(reps.work["Dn"][j] * r["tau_h"][i, j]),
-                     prefill=float(r["own"][i, j] + reps.work["K"][j] * r["omega"][i, j]))
-        terms["decode"] += max(T[i, j] - sum(terms.values()), 0.0)  # own-context reads ride with decode
+        terms = _critical_path(reps, r, i, j)
         out.append(Prediction(float(comp[i]), gen / float(comp[i]), float(run["concurrency"][i]),
                               max(terms, key=terms.get),
                               dict(critical_path=terms, critical_T=float(T[i, j]), spread_s=float(r["sigma"][i, j]),
                                    mean_T=float(mean_T[i]), evicted_share=float(run["evict"][i]),
                                    iterations=r["iters"] + (run["iters"] if run is not r else 0))))
     return out
+
+
+def _critical_path(reps: BatchReps, r: dict, i: int, j: int) -> dict[str, float]:
+    """Representative j's time under candidate row i of a solve `r`, by term (environment, decode,
+    prefill); its own-context reads ride with decode."""
+    terms = dict(env=float(reps.work["E"][j]), decode=float(reps.work["Dn"][j] * r["tau_h"][i, j]),
+                 prefill=float(r["own"][i, j] + reps.work["K"][j] * r["omega"][i, j]))
+    terms["decode"] += max(float(r["T"][i, j]) - sum(terms.values()), 0.0)
+    return terms
 
 
 def _stacked(perfs: Sequence[PerfModel]) -> _Coeffs:

@@ -29,7 +29,7 @@ import numpy as np
 from scipy.optimize import brentq
 
 from pearl.config import EngineConfig
-from pearl.control.predictor import BatchState, Prediction, WorkloadStats, _stacked, prepare
+from pearl.control.predictor import BatchState, Prediction, WorkloadStats, _critical_path, _stacked, prepare
 from pearl.control.predictor_core import BatchReps, _expected_max, _same_node_share, _solve
 from pearl.perf.roofline import PerfModel
 from pearl.types import LayoutShape
@@ -119,6 +119,8 @@ def predict_two_kinds(parts: Sequence[KindPart], engine: EngineConfig, stats: Wo
     a = np.array([alpha])
     r = solve(a)
     comp = float(ends(a, r)[0])
+    i, j = np.unravel_index(int(np.argmin(np.abs(r["T"] - comp))), r["T"].shape)  # the critical trajectory
+    terms = _critical_path(reps, r, int(i), int(j))
     w, n = reps.w, reps.w.sum()
     gen = float((w * (reps.work["Dn"] + reps.work["K"])).sum())
     if batch.queued > 0:  # the queued ones at the parts' steady pace together (Little's law per part)
@@ -128,8 +130,8 @@ def predict_two_kinds(parts: Sequence[KindPart], engine: EngineConfig, stats: Wo
     # decode concurrency per worker, over both kinds (each part's is per worker already)
     conc = float(sum(p.workers * c for p, c in zip(parts, r["concurrency"])) / sum(p.workers for p in parts))
     mean_T = [(w * r["T"][k]).sum() / n for k in range(2)]
-    return Prediction(comp, gen / comp, conc, "decode",
-                      dict(share=alpha, mean_T=mean_T, evicted_share=[float(x) for x in r["evict"]]))
+    return Prediction(comp, gen / comp, conc, max(terms, key=terms.get),
+                      dict(share=alpha, critical_path=terms, mean_T=mean_T, evicted_share=[float(x) for x in r["evict"]]))
 
 
 def _pair_share(part: KindPart, n_p: int, devices_per_node: int) -> float:
