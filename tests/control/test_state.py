@@ -87,6 +87,26 @@ def test_lend_illegal():
     raises("unknown-device", s.lend, 2.0, 99, 9.0)
 
 
+def test_a_worker_takes_a_lent_device_and_gives_it_back_without_a_restart():
+    s = make(node_of=lambda pool, i: 1 if pool is E else 0)
+    w = s.start_worker(0.0, (2,), Role.MIXED, 0)
+    s.worker_ready(0.0, w)
+    s.lend(1.0, 0, 5.0)
+    s.resize_worker(1.0, w, (2, 0))  # tp 1 -> 2 on the lent device
+    assert s.workers[w].devices == (2, 0) and s.devices[0].worker == w and s.shape() == LayoutShape.colocated(1, 2)
+    assert s.workers[w].phase is WorkerPhase.SERVING and s.events[-1].kind == "worker_resized"
+    raises("reclaim-not-serving", s.reclaim, 2.0, 0)
+    s.resize_worker(3.0, w, (2,))  # back: the lent device is free again, its lease kept
+    assert s.devices[0].status is DeviceStatus.FREE and s.devices[0].lease_deadline == 5.0
+    s.reclaim(3.0, 0)
+    assert s.devices[0].status is DeviceStatus.TRAINING and s.shape() == LayoutShape.colocated(1, 1)
+    raises("resize-onto-free", s.resize_worker, 4.0, w, (2, 1))  # the trainer's, not lent
+    raises("resize-onto-free", s.resize_worker, 4.0, w, (2, 4))  # another node
+    raises("resize-live", s.resize_worker, 4.0, w, ())
+    s.stop_worker(5.0, w)
+    raises("resize-live", s.resize_worker, 6.0, w, (2,))
+
+
 def test_reclaim_illegal():
     s = make()
     raises("reclaim-lent-only", s.reclaim, 1.0, 0)  # not lent
@@ -361,7 +381,7 @@ class ClusterMachine(RuleBasedStateMachine):
         if not wids:
             return
         w = self.s.workers[data.draw(st.sampled_from(wids))]
-        op = data.draw(st.sampled_from(["ready", "role", "version", "stop"]))
+        op = data.draw(st.sampled_from(["ready", "role", "version", "stop", "resize"]))
         if op == "ready" and w.phase is WorkerPhase.LOADING:
             self.s.worker_ready(self.t, w.id)
         elif op == "role":
@@ -370,6 +390,12 @@ class ClusterMachine(RuleBasedStateMachine):
             self.s.set_version(self.t, w.id, w.weight_version + data.draw(st.integers(0, 2)))
         elif op == "stop":
             self.s.stop_worker(self.t, w.id)
+        elif op == "resize":  # keep some of its devices, take free ones on its node
+            node = self.s.devices[w.devices[0]].node
+            keep = data.draw(st.lists(st.sampled_from(w.devices), min_size=1, unique=True))
+            take = data.draw(st.lists(st.sampled_from([d for d in free(self.s) if self.s.devices[d].node == node]
+                                                      or [None]), unique=True))
+            self.s.resize_worker(self.t, w.id, tuple(keep) + tuple(d for d in take if d is not None))
         else:
             return
         self.ok += 1
@@ -397,6 +423,10 @@ class ClusterMachine(RuleBasedStateMachine):
         out += [lambda w=w: s.set_role(t, w, Role.PREFILL) for w in self._wks(WorkerPhase.STOPPED)]
         out += [lambda w=w: s.stop_worker(t, w) for w in self._wks(WorkerPhase.STOPPED)]
         out += [lambda w=w: s.set_version(t, w, wk[w].weight_version - 1) for w in wk]
+        out += [lambda w=w: s.resize_worker(t, w, (0,)) for w in self._wks(WorkerPhase.STOPPED)]
+        busy = self._devs(lambda d: d.status is not DeviceStatus.FREE)
+        out += [lambda w=w, d=d: s.resize_worker(t, w, wk[w].devices + (d,)) for w in self._wks(WorkerPhase.SERVING)
+                for d in busy if d not in wk[w].devices]
         if s.events:
             out.append(lambda: s.add_device(s._now - 1.0, R))
         return out

@@ -126,6 +126,41 @@ def test_the_trainers_device_is_lent_while_it_waits_and_back_before_it_trains(tm
     assert any(e["ph"] == "X" and e["name"] == "lent" for e in ev)
 
 
+@pytest.mark.parametrize("tp2_eff", [3.0, 0.3])
+def test_a_lent_core_serves_as_a_second_thread_or_a_second_worker_as_predicted(tmp_path, monkeypatch, tp2_eff):
+    """Both ways of lending the trainer's core, each taken when the calibrated models say it is faster
+    (the two-thread model's efficiency is scaled to force each way: the mechanism is under test)."""
+    from dataclasses import replace
+
+    import pearl.runtime.real_layout as rl
+
+    real_model = rl._perf_model
+
+    def scaled(cfg, loaded, threads=1):
+        pm, src = real_model(cfg, loaded, threads)
+        c = pm.coeffs
+        return (pm.with_coeffs(replace(c, mfu=c.mfu * tp2_eff, bw_eff=min(1.0, c.bw_eff * tp2_eff),
+                                       step_overhead_s=c.step_overhead_s / tp2_eff))
+                if threads == 2 else pm), src
+
+    monkeypatch.setattr(rl, "_perf_model", scaled)
+    s = _run(tmp_path, rollout_workers=1, max_steps=4,
+             env={"name": f"{__name__}:SlowTurns", "kwargs": {}, "use_system_prompt": False},
+             policy={"borrow": True, "decision_interval_s": 0.5, "controller": {"lend_gain_factor": 0.0}})
+    lends = [d for d in s["decisions"] if d["rule"] == "lend"]
+    assert lends, [d["reason"] for d in s["decisions"]]
+    wide = tp2_eff > 1
+    for d in lends:
+        assert (", not colocated×2 (" in d["reason"]) == wide, d["reason"]
+    spans = [e for e in json.loads((tmp_path / "trace.json").read_text())["traceEvents"]
+             if e["ph"] == "X" and e.get("cat") == "role"]
+    on_core = [e for e in spans if e["args"].get("pool") == "train" and e["name"] == "mixed"]  # the trainer's core
+    assert on_core and {e["args"]["worker"] for e in on_core} == ({0} if wide else set(range(1, len(lends) + 1)))
+    assert s["controller"]["workers_started"] == (1 if wide else 1 + len(lends))
+    assert s["trainer_device_wait_max_s"] < 5.0 and s["steps"] == 4 and s["trajectories"]["failed"] == 0
+    _books_balance(s)
+
+
 def test_a_thrashing_kv_cache_is_capped_for_real(tmp_path):
     """A KV cache of 2000 tokens for 24 gridworld trajectories allowed in flight (η = 2): the engine
     evicts idle sessions, PEARL lowers the cap on trajectories in flight (`control.admission`) on the

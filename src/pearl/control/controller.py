@@ -61,6 +61,7 @@ class ControlSetting:
     cold_start_s: float = 0.0  # a worker's first start on an elastic device (process, weight pull, warm-up)
     group_size: int = 1  # trajectories admitted together (one prompt's samples): a cap is never below it
     max_concurrent: int | None = None  # the configured cap on trajectories in flight (None: none)
+    live_resize: bool = False  # a worker can take a lent device and give it back without a restart (Resize)
 
 
 class Controller(Lending):

@@ -6,9 +6,12 @@ predictions and bookkeeping):
 - `_lend` (on `TrainerIdle`, and on a periodic tick while the trainer idles with nothing lent):
   estimate when the next batch is ready (`next_batch_at`), ask `control.borrowing` whether lending
   the trainer's devices until then pays (a policy without a cost model lends at once), then lend
-  them and start workers on them in the role that gains most (`_lend_gain`);
-- `_return` (on `TrainerNeedsDevices`): stop the lent workers one at a time (their requests migrate),
-  then reclaim the devices and re-decide the remaining layout;
+  them and start workers on them in the role that gains most, or, where the runtime can resize a
+  live worker (`pearl train`'s local engines: a lent core becomes a second intra-op thread), let the
+  live workers take them if that is predicted faster (`_lend_gain`);
+- `_return` (on `TrainerNeedsDevices`): stop the lent workers one at a time (their requests migrate)
+  or shrink the workers that took a lent device back to their own, then reclaim the devices and
+  re-decide the remaining layout;
 - `_window`: how long the budget's transient devices (lent, or elastic) should stay, the horizon a
   switch's gain is counted over.
 
@@ -26,9 +29,10 @@ import math
 from dataclasses import replace
 from typing import Any
 
-from pearl.control.observation import (Decision, DeviceObs, Effects, Lend, Observation, Reclaim, Redecide, Start,
-                                       Stop, TrainerNeedsDevices, TrainerObs)
+from pearl.control.observation import (Decision, DeviceObs, Effects, Lend, Observation, Reclaim, Redecide, Resize,
+                                       Start, Stop, TrainerNeedsDevices, TrainerObs, WorkerObs)
 from pearl.control.planner import DeviceView
+from pearl.errors import ResourceError
 from pearl.types import LayoutShape, Mode, Pool, Role
 
 __all__ = ["RETURNED", "Lending", "next_batch_at", "serves", "trainer_idles"]
@@ -92,15 +96,17 @@ class Lending:
         if not self.cfg.borrow or self.lent or not trainer_idles(tr):
             return Effects()
         t = obs.t
-        idle_until, how = next_batch_at(tr, t)
+        idle_until, how_next = next_batch_at(tr, t)
         devs, eff = tuple(tr.devices), Effects()
+        wide, how = None, ""
         if self.cost_model:
-            gain, role = self._lend_gain(obs, len(devs))
+            gain, role, wide, how = self._lend_gain(obs, len(devs))
+            start = 0.0 if wide else self.k.wake_s  # a resize loads nothing
             ret_cost = self.costs.stop_s + self.costs.migrate_request_s * self.k.return_requests
-            v = self.borrower.should_lend(t, idle_until, len(devs), gain, self.k.wake_s, ret_cost)
+            v = self.borrower.should_lend(t, idle_until, len(devs), gain, start, ret_cost)
             eff.decisions.append(Decision(t=t, trigger=trigger, kind="borrow", switch=False,
-                                          reason=f"{v.reason} (next batch at {idle_until:.6g}: {how})",
-                                          rule=v.rule, borrow=v.lend, gain_s=v.gain_s, cost_s=self.k.wake_s + ret_cost))
+                                          reason=f"{v.reason} (next batch at {idle_until:.6g}: {how_next}){how}",
+                                          rule=v.rule, borrow=v.lend, gain_s=v.gain_s, cost_s=start + ret_cost))
             if not v.lend:
                 return eff
             deadline = v.deadline
@@ -108,45 +114,73 @@ class Lending:
             deadline, role = max(idle_until, t + 1.0), Role.MIXED
         self._changes += 1
         self.lent = list(devs)
-        tp = obs.shape.tp if obs.workers else self.setting.engine.tp
-        if len(devs) < tp:
-            tp = self.setting.engine.tp
         eff.actions.append(Lend(devs, deadline))
         # The lend was approved only if vacating takes less than the bound (`should_lend` refuses
         # otherwise), so the devices may serve until the batch is really ready: the return starts
         # then (TrainerNeedsDevices) and the trainer waits at most the bound.
+        if wide:  # each live worker takes an equal share of the lent devices
+            k = len(devs) // len(wide)
+            eff.actions += [Resize(w.id, w.devices + devs[i * k:(i + 1) * k]) for i, w in enumerate(wide)]
+            return eff
+        tp = obs.shape.tp if obs.workers else self.setting.engine.tp
+        if len(devs) < tp:
+            tp = self.setting.engine.tp
         eff.actions += [Start(devs[i:i + tp], role, self.k.wake_s) for i in range(0, len(devs) - tp + 1, tp)]
         return eff
 
-    def _lend_gain(self, obs: Observation, n: int) -> tuple[float, Role]:
-        """The best role for `n` lent devices and its predicted fraction of batch time saved per lent
-        device per second it serves. Ties go to prefill: it holds no long-lived KV, so it is the
-        cheapest to vacate."""
+    def _lend_gain(self, obs: Observation, n: int) -> tuple[float, Role, list[WorkerObs] | None, str]:
+        """The best use of `n` lent devices and its predicted fraction of batch time saved per lent
+        device per second it serves: new workers in the role that gains most (ties go to prefill: it
+        holds no long-lived KV, so it is the cheapest to vacate) or, where workers can change size live
+        (`ControlSetting.live_resize`), the live colocated workers each taking an equal share (a larger
+        tp; it wins ties: nothing to load, nothing to migrate back). Returns (gain, role, the workers to
+        resize or None, a note for the decision record)."""
         cur = obs.shape
         tp, add = cur.tp, n // cur.tp
         if not serves(cur):  # e.g. decode workers left without a prefill worker: nothing to predict from
-            return 0.0, Role.MIXED
+            return 0.0, Role.MIXED, None, ""
         if cur.n_prefill and self.adapt_pd:  # (mixed workers a layout still has are kept in both options)
             options = {Role.PREFILL: replace(cur, n_prefill=cur.n_prefill + add),
                        Role.DECODE: replace(cur, n_decode=cur.n_decode + add)}
         else:
             options = {Role.MIXED: LayoutShape.colocated(cur.n_workers + add, tp)}
-        preds = self._predict([cur, *options.values()])
+        live = [w for w in obs.workers if w.accepting]
+        wide = None
+        if self.setting.live_resize and cur.mode is Mode.COLOCATED and live and n and n % len(live) == 0 and \
+                len({len(w.devices) for w in live}) == 1 and cur.n_workers == len(live):
+            try:
+                self.setting.perf_for(tp + n // len(live))
+                wide = LayoutShape.colocated(len(live), tp + n // len(live))
+            except ResourceError:  # no model of the larger size: new workers only
+                pass
+        preds = self._predict([cur, *options.values(), *([wide] if wide else [])])
         base = preds[0].completion_s
         gains = {role: (base - p.completion_s) / base for role, p in zip(options, preds[1:])}
         role = max(gains, key=lambda r: (round(gains[r], 3), r is Role.PREFILL))
-        return max(0.0, gains[role]) / max(1, n), role
+        if wide is None:
+            return max(0.0, gains[role]) / max(1, n), role, None, ""
+        g_wide = (base - preds[-1].completion_s) / base
+        ways = [f"{wide} ({preds[-1].completion_s:.4g} s)", f"{options[role]} ({base * (1 - gains[role]):.4g} s)"]
+        use = round(g_wide, 3) >= round(gains[role], 3)
+        how = f"; as {ways[not use]}, not {ways[use]}; now {cur} ({base:.4g} s)"
+        if use:
+            return max(0.0, g_wide) / n, Role.MIXED, live, how
+        return max(0.0, gains[role]) / n, role, None, how
 
     def _return(self, obs: Observation) -> Effects:
         """Give the lent devices back: stop their workers one at a time (requests migrate token-level,
         with KV unless the policy recomputes; each stop is priced by the load it holds then, which
-        includes requests moved onto it by the previous stops), then reclaim and re-decide.
+        includes requests moved onto it by the previous stops) — a worker that also holds devices of
+        its own just gives the lent ones back (`Resize`) —, then reclaim and re-decide.
         `trainer_wait_s` (on the last round): how long the trainer waits for its devices."""
         if not self.lent:
             return Effects()
         on_lent = obs.workers_on(self.lent)
         if on_lent:
             w = on_lent[0]
+            own = tuple(d for d in w.devices if d not in self.lent)
+            if own:  # a worker that took a lent device gives it back and goes on (no migration)
+                return Effects([Resize(w.id, own)], then=TrainerNeedsDevices())
             hand_off = self.base_perf.kv_transfer_time(self.k.migrate_tokens, True) if self.return_migrate else 0.0
             self._return_wait = max(self._return_wait,
                                     self.costs.stop_s + w.load * self.k.return_request_s + (hand_off if w.load else 0.0))

@@ -24,7 +24,7 @@ from pearl.types import DeviceStatus, LayoutShape, Pool, Role, WorkerPhase
 from pearl.workloads import TrajectorySpec
 
 __all__ = ["Action", "Decision", "DeviceObs", "DevicesAdded", "DevicesRemoved", "Effects", "Event", "Flip",
-           "Lend", "Notice", "Observation", "Reclaim", "Redecide", "SetCap", "Start", "Stop", "TrainerIdle",
+           "Lend", "Notice", "Observation", "Reclaim", "Redecide", "Resize", "SetCap", "Start", "Stop", "TrainerIdle",
            "TrainerNeedsDevices", "TrainerObs", "WorkerObs"]
 
 
@@ -156,6 +156,16 @@ class Flip:
 
 
 @dataclass(frozen=True, slots=True)
+class Resize:
+    """A live worker computes on `devices` from now on, without a restart (its tp becomes len(devices)):
+    a lent device joins it, or leaves it on the return. Only where `ControlSetting.live_resize` says the
+    runtime can (`pearl train`'s local engines: a device is a core, tp its intra-op threads)."""
+
+    worker: int
+    devices: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
 class Lend:
     devices: tuple[int, ...]
     deadline: float  # due back by then
@@ -173,7 +183,7 @@ class SetCap:
     cap: int | None
 
 
-Action = Union[Start, Stop, Flip, Lend, Reclaim, SetCap]
+Action = Union[Start, Stop, Flip, Lend, Reclaim, SetCap, Resize]
 
 
 # ---------------------------------------------------------------- decisions

@@ -128,11 +128,8 @@ class ClusterState:
         pool = Pool(pool)
         want = DeviceStatus.TRAINING if pool is Pool.TRAIN else DeviceStatus.FREE
         if status is not None and DeviceStatus(status) is not want:
-            raise StateError(
-                "add-status",
-                f"a new {pool.value} device starts {want.value}, not {DeviceStatus(status).value} "
-                "(lend a train device with lend(); start workers with start_worker())",
-            )
+            raise StateError("add-status", f"a new {pool.value} device starts {want.value}, not "
+                             f"{DeviceStatus(status).value} (lend a train device with lend(); start workers with start_worker())")
         did = self._next_dev
         self._next_dev += 1
         self.devices[did] = Device(did, pool, node, want)
@@ -178,10 +175,8 @@ class ClusterState:
         self._begin(t)
         d = self._dev(dev)
         if d.pool is not Pool.TRAIN or d.status is not DeviceStatus.TRAINING:
-            raise StateError(
-                "lend-training-only",
-                f"device {dev} is {d.pool.value}/{d.status.value}; only a TRAINING train device can be lent",
-            )
+            raise StateError("lend-training-only",
+                             f"device {dev} is {d.pool.value}/{d.status.value}; only a TRAINING train device can be lent")
         if d.trainer_busy:
             raise StateError("lend-idle-only", f"device {dev}: the trainer is using it (set_training False first)")
         if not deadline >= t:
@@ -195,9 +190,7 @@ class ClusterState:
         self._begin(t)
         d = self._dev(dev)
         if d.pool is not Pool.TRAIN or d.lease_deadline is None:
-            raise StateError(
-                "reclaim-lent-only", f"device {dev} is {d.pool.value}/{d.status.value}, not a lent train device"
-            )
+            raise StateError("reclaim-lent-only", f"device {dev} is {d.pool.value}/{d.status.value}, not a lent train device")
         if d.worker is not None:
             raise StateError("reclaim-not-serving", f"device {dev} still serves worker {d.worker}; stop it first")
         late = t - d.lease_deadline
@@ -215,11 +208,8 @@ class ClusterState:
         for dev in devs:
             d = self._dev(dev)
             if d.pool is not Pool.TRAIN or d.status is not DeviceStatus.TRAINING:
-                raise StateError(
-                    "train-unlent-only",
-                    f"device {dev} is {d.pool.value}/{d.status.value}; the trainer uses only its unlent devices "
-                    "(reclaim a lent one first)",
-                )
+                raise StateError("train-unlent-only", f"device {dev} is {d.pool.value}/{d.status.value}; the trainer "
+                                 "uses only its unlent devices (reclaim a lent one first)")
         for dev in devs:
             self.devices[dev].trainer_busy = bool(training)
         self._emit(t, "training_set", devs=devs, training=bool(training))
@@ -300,6 +290,25 @@ class ClusterState:
             raise StateError("live-worker-only", f"worker {wid} is already stopped")
         held = self._release(w)
         self._emit(t, "worker_stopped", worker=wid, devices=held, reason="stopped")
+        self._done()
+
+    def resize_worker(self, t: float, wid: int, devices: tuple[int, ...]) -> None:
+        """A live worker computes on `devices` from now on (its tp becomes len(devices); threads on CPU):
+        those it gains must be FREE and on its node, those it drops go FREE (lent ones keep their lease)."""
+        self._begin(t)
+        w, devices = self._worker(wid), tuple(devices)
+        if w.phase is WorkerPhase.STOPPED or not devices or len(set(devices)) != len(devices):
+            raise StateError("resize-live", f"worker {wid} ({w.phase.value}) cannot compute on {list(devices)}")
+        node = self.devices[w.devices[0]].node
+        for dev in set(devices) - set(w.devices):
+            if self._dev(dev).status is not DeviceStatus.FREE or self.devices[dev].node != node:
+                raise StateError("resize-onto-free", f"device {dev} is not FREE on worker {wid}'s node {node}")
+        for dev in w.devices:
+            self.devices[dev].status, self.devices[dev].worker = DeviceStatus.FREE, None
+        for dev in devices:
+            self.devices[dev].status, self.devices[dev].worker = DeviceStatus.SERVING, wid
+        prev, w.devices = w.devices, devices
+        self._emit(t, "worker_resized", worker=wid, devices=list(devices), prev=list(prev))
         self._done()
 
     # ---------------------------------------------------------------- queries

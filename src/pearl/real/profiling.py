@@ -200,10 +200,11 @@ def model_shape(config, name: str = "custom") -> ModelShape:
 
 
 def fit_profile(samples: Sequence[StepSample], shape: ModelShape, hardware: str = "cpu",
-                max_rel_error: float = 0.25) -> tuple[Profile, Calibration]:
-    """Fit the `sum` form on `hardware`, tp 1. Raises CalibrationError when the fit is refused."""
-    cal = fit(samples, shape, get_hardware(hardware), 1, combine="sum", max_rel_error=max_rel_error)
-    return Profile.from_calibration(cal, shape.name, hardware, 1), cal
+                max_rel_error: float = 0.25, tp: int = 1) -> tuple[Profile, Calibration]:
+    """Fit the `sum` form on `hardware` at `tp` (on CPU: the engine's intra-op threads). Raises
+    CalibrationError when the fit is refused."""
+    cal = fit(samples, shape, get_hardware(hardware), tp, combine="sum", max_rel_error=max_rel_error)
+    return Profile.from_calibration(cal, shape.name, hardware, tp), cal
 
 
 def calibrate_engine(model_name: str = "tiny", path: str | Path | None = None, *, clock: str = "wall",

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from pearl.control.observation import Effects, Event, Flip, Lend, Observation, Reclaim, SetCap, Start, Stop
+from pearl.control.observation import Effects, Event, Flip, Lend, Observation, Reclaim, Resize, SetCap, Start, Stop
 from pearl.runtime.clock import Clock
 from pearl.types import Role
 
@@ -36,6 +36,8 @@ class Actuators(Protocol):
     def reclaim(self, devices: tuple[int, ...]) -> None: ...
 
     def set_cap(self, cap: int | None) -> None: ...
+
+    def resize(self, worker: int, devices: tuple[int, ...]) -> None: ...
 
 
 class ControlDriver:
@@ -95,6 +97,8 @@ class ControlDriver:
                 act.reclaim(a.devices)
             elif isinstance(a, SetCap):
                 act.set_cap(a.cap)
+            elif isinstance(a, Resize):
+                act.resize(a.worker, a.devices)
         if eff.next_tick_t is not None:
             at(eff.next_tick_t, self.tick)
         if eff.then is not None:

@@ -169,6 +169,7 @@ class Run:
     def _loop(self, roles: list[str], make_env: Any) -> None:
         """The agent loop over the engines, and the controller that drives them (local backend)."""
         from pearl.runtime.agent import AgentLoop
+        from pearl.runtime.real_control import RealControl
 
         cfg, loop_cls = self.cfg, AgentLoop
         if cfg.backend == "ray":  # last, so nothing after it can fail and leave Ray actors behind
@@ -180,15 +181,14 @@ class Run:
                               cfg.env.use_system_prompt, env_workers=cfg.env.workers,
                               parallel_engines=cfg.engine.parallel_steps and cfg.backend == "local", seed=cfg.seed)
         self.layout = f"{cfg.layout} ({'+'.join(roles)})" + (" [ray]" if self.backend else "")
-        from pearl.runtime.real_control import RealControl
 
         def make_engine(role: Any, idx: int, node: str | None) -> Any:
             if self.backend is not None:  # a new actor; it pulls the newest weights from the object store
                 return self.backend.start_worker(role, idx, self.agent.latest, node)
-            live = self.agent.live()
-            return self._engine(role, idx, share=self.agent.engines[live[0]] if live else None)
+            return self._engine(role, idx, share=next((self.agent.engines[i] for i in self.agent.live()), None))
 
-        self.control = RealControl(self.agent, cfg.policy, self.setting, make_engine, self._trainer_obs, gate=self.gate)
+        self.control = RealControl(self.agent, cfg.policy, self.setting, make_engine, self._trainer_obs, gate=self.gate,
+                                   threads=None if self.backend else (self.threads.engine, self.threads.trainer))
         self.control.elastic(cfg.elastic, cfg.seed)
 
     def _post(self, ev: Any, wait: bool) -> float:
@@ -355,7 +355,6 @@ class Run:
         return m
 
     def train(self) -> None:
-        torch.set_num_threads(self.threads.trainer)
         cfg = self.cfg
         self._t_start = self._last_t = time.perf_counter()
         self._tok_last = 0
@@ -368,6 +367,7 @@ class Run:
                     return
                 groups, wait_s = got
                 batch, stale, failed = split_batch(groups, self.trainer.version, cfg.staleness)
+                torch.set_num_threads(self.threads.trainer)  # process-wide: an engine on a lent core set two
                 m = {"step": step, **self._update(batch)}
                 self._account(batch, stale, failed, m["skipped"])
                 m = self._metrics(step, m, groups, batch, stale, failed, wait_s, time.perf_counter())

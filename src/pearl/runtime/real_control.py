@@ -6,7 +6,8 @@ Devices are slots: one per rollout worker (pool rollout) and the trainer's (pool
 a `ClusterState` like the simulator's. What the local backend can do: start a worker (a new engine
 sharing the weights of a live one, so it serves the current version at once), stop one (its requests
 move with their KV or resume from their tokens), drain one, give one a new role, lend the trainer's
-slot to a worker while the trainer waits for its batch and reclaim it. All actuator calls run on the
+slot to a worker while the trainer waits for its batch and reclaim it, and resize one (a local torch
+engine computes with the threads of the devices it holds: the lent slot as a second thread). All actuator calls run on the
 rollout thread, between engine steps: the controller ticks there (`WallClock.run_due`), and the
 trainer's events (`TrainerIdle`, `TrainerNeedsDevices`) reach it through `post` / `handle_events`;
 the trainer waits until its device is back.
@@ -42,11 +43,14 @@ __all__ = ["RealControl"]
 
 class RealControl:
     def __init__(self, agent: Any, policy: Any, setting: Any, make_engine: Callable[[Role, int, Any], Any],
-                 trainer: Callable[[], TrainerObs], clock: WallClock | None = None, gate: Any = None):
+                 trainer: Callable[[], TrainerObs], clock: WallClock | None = None, gate: Any = None,
+                 threads: tuple[int, int] | None = None):
         """`agent`: the AgentLoop; `make_engine(role, idx, node)`: a new engine for a start (`node`: the
         Ray node id of the elastic devices it starts on, else None); `trainer()`: the trainer's state now;
-        `gate`: the run's staleness gate, whose cap `set_cap` sets."""
+        `gate`: the run's staleness gate, whose cap `set_cap` sets; `threads`: the torch threads of a
+        rollout device and of the trainer's (local engines: a worker computes with those of its devices)."""
         self.agent, self.make_engine, self.trainer, self.gate = agent, make_engine, trainer, gate
+        self.threads = threads
         self.clock = clock or WallClock()
         self.state = ClusterState(check=False)
         n = len(agent.engines)
@@ -137,6 +141,7 @@ class RealControl:
             return
         idx = len(self.agent.engines)
         eng = self.make_engine(role, idx, self.ray_node.get(devices[0]))
+        self._set_threads(eng, devices)
         self.agent.add_engine(eng)
         self._register(idx, devices, role)
 
@@ -161,6 +166,19 @@ class RealControl:
             if self.node_watch is not None and any(d in self.ray_node for d in devs):
                 self.events.put((self.node_watch.check, threading.Event()))  # did its node leave? first
             self.events.put((Redecide(f"rollout worker {idx} died"), threading.Event()))
+
+    def resize(self, worker: int, devices: tuple[int, ...]) -> None:
+        """The worker computes on `devices` from its next step (a lent core joins it, or leaves it)."""
+        idx = self.engine_of.get(worker)
+        if idx is None or idx in self.agent.stopped or self.threads is None:
+            return
+        with self.lock:
+            self.state.resize_worker(self.clock.now, worker, devices)
+        self._set_threads(self.agent.engines[idx], devices)
+
+    def _set_threads(self, eng: Any, devices: tuple[int, ...]) -> None:
+        if self.threads is not None and hasattr(eng, "num_threads"):  # (a local torch engine)
+            eng.num_threads = sum(self.threads[d == self.train_device] for d in devices)
 
     def drain(self, worker: int) -> None:
         idx = self.engine_of.get(worker)

@@ -5,6 +5,7 @@ initial layout (`choose_layout`)."""
 from __future__ import annotations
 
 import os
+import threading
 import time
 from typing import Any
 
@@ -41,31 +42,36 @@ def check_memory(name: str, workers: int, available: int | None = None) -> int:
     return need
 
 
-def _perf_model(cfg: TrainConfig, loaded: Any) -> tuple[Any, str]:
-    """PerfModel of the engine on hardware "cpu": a saved profile, else a quick calibration (a reduced
-    sweep, a few seconds at most), else the default coefficients. Returns (model, where from)."""
+def _perf_model(cfg: TrainConfig, loaded: Any, threads: int = 1) -> tuple[Any, str]:
+    """PerfModel of the engine on hardware "cpu" at tp `threads` (its intra-op threads): a saved
+    profile (tp 1), else a quick calibration (a reduced sweep, a few seconds at most), else the default
+    coefficients. Returns (model, where from)."""
+    import torch
+
     from pearl.perf.hardware import get_hardware
     from pearl.perf.profile import load_profile
     from pearl.perf.roofline import PerfModel
     from pearl.real.profiling import fit_profile, measure_steps, model_shape
 
     shape = model_shape(loaded.config, cfg.model)
-    if cfg.profile:
+    if cfg.profile and threads == 1:
         prof = load_profile(cfg.profile)  # missing or bad file -> one-line ConfigError
         return prof.perf_model(shape), f"profile {cfg.profile}"
-    t0 = time.perf_counter()
+    t0, was = time.perf_counter(), torch.get_num_threads()
     try:
         from pearl.real.engine import TorchEngine
 
-        eng = TorchEngine(loaded, num_threads=1, seed=cfg.seed)
+        eng = TorchEngine(loaded, num_threads=threads, seed=cfg.seed)
         big = model_params(cfg.model) > 50_000_000
         samples = measure_steps(eng, decode_batches=(1, 4) if big else (1, 4, 16),
                                 contexts=(16, 64) if big else (32, 128), prefill_chunks=(16, 64),
                                 decode_steps=2 if big else 3, repeats=1 if big else 2, warmup=not big)
-        prof, _ = fit_profile(samples, shape, "cpu", max_rel_error=0.5)
+        prof, _ = fit_profile(samples, shape, "cpu", max_rel_error=0.5, tp=threads)
         return prof.perf_model(shape), f"calibrated on {len(samples)} step shapes in {time.perf_counter() - t0:.1f} s"
     except Exception as err:  # a refused fit (or anything else) must not stop the run: use the defaults
-        return PerfModel(shape, get_hardware("cpu")), f"default coefficients (calibration failed: {err})"
+        return PerfModel(shape, get_hardware("cpu"), threads), f"default coefficients (calibration failed: {err})"
+    finally:
+        torch.set_num_threads(was)  # (torch's count is process-wide)
 
 
 def probe_workload(cfg: TrainConfig, loaded: Any, probe: Any, max_new_tokens: int) -> tuple[WorkloadStats, dict]:
@@ -105,23 +111,35 @@ def control_setting(cfg: TrainConfig, loaded: Any, stats: WorkloadStats) -> tupl
     from pearl.perf.roofline import PerfModel
     from pearl.real.profiling import model_shape
 
-    if cfg.rollout_workers >= 2 or cfg.profile:
+    # Borrowing on local torch engines: a lent core can be a second intra-op thread of the live worker
+    # (`Resize`), which the controller weighs against a new worker on it, both calibrated.
+    resize = cfg.policy.borrow and cfg.backend == "local" and cfg.engine.kind == "torch"
+    if cfg.rollout_workers >= 2 or cfg.profile or resize:
         pm, source = _perf_model(cfg, loaded)
     else:
         pm, source = PerfModel(model_shape(loaded.config, cfg.model), get_hardware("cpu")), \
             "default coefficients (1 rollout worker: a single possible layout)"
-
-    pm = pm.with_kv_capacity(cfg.engine.kv_capacity_tokens)  # the engines' KV pool, not the host's memory
+    models = {1: pm.with_kv_capacity(cfg.engine.kv_capacity_tokens)}  # the engines' KV pool, not the host's
+    # On a thread of its own, which ends: after the main thread had run a two-thread OpenMP team, the
+    # rollout thread's two-thread steps took 174 ms instead of 130 ms (SmolLM2 calculator, measured).
+    if resize:
+        got: list = []
+        th = threading.Thread(target=lambda: got.append(_perf_model(cfg, loaded, threads=2)), name="pearl-calibrate")
+        th.start()
+        th.join()
+        pm2, src2 = got[0]
+        models[2], source = pm2.with_kv_capacity(cfg.engine.kv_capacity_tokens), f"{source}; 2 threads: {src2}"
 
     def perf_for(tp: int) -> PerfModel:
-        if tp != 1:
-            raise ResourceError(f"pearl train runs tensor-parallel size 1 only (asked for {tp})")
-        return pm
+        if tp not in models:
+            raise ResourceError(f"pearl train runs tensor-parallel size {' or '.join(map(str, models))} only "
+                                f"(asked for {tp})")
+        return models[tp]
 
     engine = EngineConfig(tp=1, max_num_seqs=cfg.engine.max_num_seqs, max_batched_tokens=cfg.engine.max_batched_tokens)
     setting = ControlSetting(perf_for=perf_for, engine=engine, stats=stats, batch_size=cfg.batch_size,
                              staleness=cfg.staleness, devices_per_node=cfg.rollout_workers,
-                             num_kv_heads=pm.model.num_kv_heads, group_size=cfg.group_size)
+                             num_kv_heads=pm.model.num_kv_heads, group_size=cfg.group_size, live_resize=resize)
     return setting, source
 
 

@@ -161,6 +161,9 @@ class SimControl:
         self.sim.gate.max_concurrent = cap
         self.sim._admit()  # a raised cap admits at once
 
+    def resize(self, worker: int, devices: tuple[int, ...]) -> None:
+        raise NotImplementedError("simulated workers change size by a restart only (ControlSetting.live_resize is off)")
+
     # ------------------------------------------------------------------ elastic devices
     def elastic_add(self, b) -> None:
         sim = self.sim

@@ -169,6 +169,12 @@ class _Roles:
             if kind == "role_set":
                 self.worker_role[e["worker"]] = e["role"]
             self._role(t, e["worker"], self.worker_role[e["worker"]])
+        elif kind == "worker_resized":  # a lent device joins a live worker, or leaves it
+            wid, devs = e["worker"], list(e["devices"])
+            for d in set(self.worker_devs[wid]) - set(devs):
+                self._devices(t, [d], self._idle(d))
+            self.worker_devs[wid] = devs
+            self._role(t, wid, self.worker_role[wid])
         elif kind == "worker_stopped":
             self.spans.switch(f"worker {e['worker']}", t, None)
             for d in e["devices"]:

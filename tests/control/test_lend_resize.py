@@ -1,0 +1,79 @@
+"""Lending a device to a live worker (`Resize`, where the runtime can change a worker's size without
+a restart: `pearl train`'s local engines, a device being a core): the controller weighs it against
+a new worker on the lent device by prediction, says which it chose and why, and on the return the
+worker gives the device back instead of being stopped."""
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from pearl.config import EngineConfig, PolicyConfig
+from pearl.control.controller import ControlSetting
+from pearl.control.estimate import WorkloadStats
+from pearl.control.observation import (DeviceObs, Lend, Observation, Reclaim, Resize, Start, TrainerIdle,
+                                       TrainerNeedsDevices, TrainerObs, WorkerObs)
+from pearl.control.policies import make_controller
+from pearl.errors import ResourceError
+from pearl.perf.hardware import get_hardware
+from pearl.perf.models import get_model
+from pearl.perf.roofline import PerfModel
+from pearl.types import DeviceStatus, LayoutShape, Pool, Role, WorkerPhase
+from pearl.workloads import TrajectorySpec
+
+ROLL, TRAIN = 0, 1
+
+
+def _controller(tp2_eff: float, live_resize: bool = True):
+    """A controller for one rollout worker (device 0) and the trainer's device (1); the tp-2 model
+    (two cores) computes at `tp2_eff` of the tp-1 model's efficiency per core."""
+    shape, hw = get_model("tiny"), get_hardware("cpu")
+    one = PerfModel(shape, hw).with_kv_capacity(65536)
+    c = one.coeffs
+    models = {1: one, 2: PerfModel(shape, hw, 2, replace(c, mfu=c.mfu * tp2_eff, bw_eff=c.bw_eff * tp2_eff))
+              .with_kv_capacity(65536)}
+
+    def perf_for(tp):
+        if tp not in models:
+            raise ResourceError(f"no tp {tp}")
+        return models[tp]
+
+    spec = TrajectorySpec(0, 0, 200, (64,) * 2, (50,), (0.0, 0.0))
+    setting = ControlSetting(perf_for=perf_for, engine=EngineConfig(tp=1, max_num_seqs=16, max_batched_tokens=512),
+                             stats=WorkloadStats.from_samples([spec]), batch_size=8, staleness=0, devices_per_node=1,
+                             num_kv_heads=shape.num_kv_heads, group_size=4, live_resize=live_resize)
+    policy = PolicyConfig(name="pearl", borrow=True, controller={"lend_gain_factor": 0.0})
+    return make_controller(policy, setting)
+
+
+def _obs(t: float, worker_devices: tuple[int, ...], lent: bool) -> Observation:
+    train = DeviceObs(TRAIN, Pool.TRAIN, 0, DeviceStatus.SERVING if TRAIN in worker_devices else
+                      (DeviceStatus.FREE if lent else DeviceStatus.TRAINING), None, 60.0 if lent else None)
+    devices = (DeviceObs(ROLL, Pool.ROLLOUT, 0, DeviceStatus.SERVING), train)
+    worker = WorkerObs(0, worker_devices, Role.MIXED, WorkerPhase.SERVING, True, 8, 2000)
+    return Observation(t, devices, (worker,), LayoutShape.colocated(1, len(worker_devices)),
+                       TrainerObs(False, 0, 2, (), (TRAIN,)), in_flight=8)
+
+
+def test_a_lent_device_joins_the_live_worker_when_that_is_predicted_faster_and_leaves_it_on_return():
+    ctl = _controller(tp2_eff=3.0)
+    eff = ctl.on_event(TrainerIdle(), _obs(10.0, (ROLL,), lent=False))
+    (d,) = [d for d in eff.decisions if d.kind == "borrow"]
+    assert d.borrow and "as colocated×1@tp2 (" in d.reason and "not colocated×2 (" in d.reason, d.reason
+    assert [type(a) for a in eff.actions] == [Lend, Resize]
+    assert eff.actions[1] == Resize(0, (ROLL, TRAIN))
+    # The batch is ready: the worker gives the core back (no stop, nothing migrates), then the reclaim.
+    eff = ctl.on_event(TrainerNeedsDevices(), _obs(12.0, (ROLL, TRAIN), lent=True))
+    assert eff.actions == [Resize(0, (ROLL,))] and isinstance(eff.then, TrainerNeedsDevices)
+    eff = ctl.on_event(TrainerNeedsDevices(), _obs(12.0, (ROLL,), lent=True))
+    assert eff.actions == [Reclaim((TRAIN,))]
+
+
+@pytest.mark.parametrize("tp2_eff, live_resize", [(0.5, True), (3.0, False)])
+def test_a_new_worker_takes_the_lent_device_when_a_wider_one_is_not_faster_or_not_possible(tp2_eff, live_resize):
+    ctl = _controller(tp2_eff, live_resize)  # (at half the efficiency per core, two cores are one)
+    eff = ctl.on_event(TrainerIdle(), _obs(10.0, (ROLL,), lent=False))
+    (d,) = [d for d in eff.decisions if d.kind == "borrow"]
+    assert d.borrow and ("as colocated×2 (" in d.reason and "not colocated×1@tp2 (" in d.reason) == live_resize, \
+        d.reason
+    assert [type(a) for a in eff.actions] == [Lend, Start] and eff.actions[1].devices == (TRAIN,)
