@@ -1,6 +1,8 @@
 """Borrowing for real: the same `pearl train` run (SmolLM2-135M on the calculator task, one rollout
 worker, 2 CPU cores) with the trainer's core never lent (`policy.borrow: false`, the fixed baseline)
-and with PEARL lending it to an extra rollout worker while the trainer waits for its batch.
+and with PEARL lending it while the trainer waits for its batch: as a second intra-op thread of the
+rollout worker or to an extra worker, whichever the controller's models (calibrated at start-up at 1
+and 2 threads) predict faster; each lend's reason in summary.json says which.
 
 Each trajectory samples from its own seed (`pearl.runtime.agent_routing.Routing.params_for`), so both
 arms roll out the same trajectories and train the same batches (up to rare float differences between

@@ -126,7 +126,7 @@ def test_the_trainers_device_is_lent_while_it_waits_and_back_before_it_trains(tm
     assert any(e["ph"] == "X" and e["name"] == "lent" for e in ev)
 
 
-@pytest.mark.parametrize("tp2_eff", [3.0, 0.3])
+@pytest.mark.parametrize("tp2_eff", [3.0, 0.05])
 def test_a_lent_core_serves_as_a_second_thread_or_a_second_worker_as_predicted(tmp_path, monkeypatch, tp2_eff):
     """Both ways of lending the trainer's core, each taken when the calibrated models say it is faster
     (the two-thread model's efficiency is scaled to force each way: the mechanism is under test)."""
@@ -141,7 +141,7 @@ def test_a_lent_core_serves_as_a_second_thread_or_a_second_worker_as_predicted(t
         c = pm.coeffs
         return (pm.with_coeffs(replace(c, mfu=c.mfu * tp2_eff, bw_eff=min(1.0, c.bw_eff * tp2_eff),
                                        step_overhead_s=c.step_overhead_s / tp2_eff))
-                if threads == 2 else pm), src
+                if threads > 1 else pm), src
 
     monkeypatch.setattr(rl, "_perf_model", scaled)
     s = _run(tmp_path, rollout_workers=1, max_steps=4,

@@ -101,7 +101,7 @@ class Run:
         loaded = self.loaded = load_model(cfg.model)
         allowed = self._sampling(probe)
         stats, workload = probe_workload(cfg, loaded, probe, self.sampling.max_new_tokens)
-        self.setting, source = control_setting(cfg, loaded, stats)
+        self.setting, source = control_setting(cfg, loaded, stats, self.threads)
         self.layout_decision = choose_layout(cfg, self.setting, workload, source)
         cfg = self.cfg = cfg.model_copy(update={"layout": self.layout_decision["chosen"]})
         roles = (["prefill"] + ["decode"] * (cfg.rollout_workers - 1)) if cfg.layout == "1P:1D" \

@@ -102,10 +102,13 @@ def probe_workload(cfg: TrainConfig, loaded: Any, probe: Any, max_new_tokens: in
     return WorkloadStats.from_samples([spec]), info
 
 
-def control_setting(cfg: TrainConfig, loaded: Any, stats: WorkloadStats) -> tuple[ControlSetting, str]:
+def control_setting(cfg: TrainConfig, loaded: Any, stats: WorkloadStats,
+                    threads: Any = None) -> tuple[ControlSetting, str]:
     """The controller's view of this run's set-up: one "device" per rollout worker (tp 1), the engine's
-    performance model (calibrated when there is a layout to choose), the probed workload. Returns it
-    with where the performance model came from."""
+    performance model (calibrated when there is a layout to choose), the probed workload. With
+    borrowing on local torch engines, a worker on two devices (its own and the trainer's, tp 2) too,
+    calibrated at the threads of both (`threads`: the run's `ThreadPlan`; 1 + 1 without one). Returns
+    it with where the performance model came from."""
     from pearl.config import EngineConfig
     from pearl.perf.hardware import get_hardware
     from pearl.perf.roofline import PerfModel
@@ -124,11 +127,12 @@ def control_setting(cfg: TrainConfig, loaded: Any, stats: WorkloadStats) -> tupl
     # rollout thread's two-thread steps took 174 ms instead of 130 ms (SmolLM2 calculator, measured).
     if resize:
         got: list = []
-        th = threading.Thread(target=lambda: got.append(_perf_model(cfg, loaded, threads=2)), name="pearl-calibrate")
+        n = threads.engine + threads.trainer if threads is not None else 2
+        th = threading.Thread(target=lambda: got.append(_perf_model(cfg, loaded, n)), name="pearl-calibrate")
         th.start()
         th.join()
         pm2, src2 = got[0]
-        models[2], source = pm2.with_kv_capacity(cfg.engine.kv_capacity_tokens), f"{source}; 2 threads: {src2}"
+        models[2], source = pm2.with_kv_capacity(cfg.engine.kv_capacity_tokens), f"{source}; {n} threads: {src2}"
 
     def perf_for(tp: int) -> PerfModel:
         if tp not in models:
