@@ -22,8 +22,8 @@ reason are printed at the start and saved as `layout_decision` in summary.json.
 During the run the same `Controller` the simulator uses ticks on the wall clock every
 `policy.decision_interval_s` (`pearl.runtime.real_control.RealControl`): it measures the layout,
 re-decides, and may switch roles, ratio or worker count; every decision, "keep" included, is saved
-with its reason in summary.json (`decisions`); with `policy.borrow` it lends the trainer's slot to an
-extra worker while the trainer waits for its batch. With `backend: ray` the same controller drives the
+with its reason in summary.json (`decisions`); with `policy.borrow` it lends the trainer's slot (a
+second thread of the live worker, or an extra worker) while the trainer waits for its batch. With `backend: ray` the same controller drives the
 Ray actors; `elastic:` offers it devices from a trace or from Ray nodes that join.
 
 Every trajectory is counted exactly once as trained (ok), failed (with its reason), stale, or skipped

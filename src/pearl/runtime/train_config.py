@@ -91,8 +91,9 @@ class TrainPolicy(PolicyConfig):
     decision_interval_s: float = Field(default=2.0, gt=0, le=MAX_DURATION_S)
     min_dwell_s: float = Field(default=4.0, ge=0, le=MAX_DURATION_S)
     horizon_s: float = Field(default=60.0, gt=0, le=MAX_DURATION_S)
-    # Lend the trainer's core to an extra rollout worker while the trainer waits for its batch
-    # (`pearl.control.borrowing`); it is handed back, requests migrated, before the next step.
+    # Lend the trainer's core to rollout while the trainer waits for its batch (`pearl.control.borrowing`):
+    # as a second thread of the live worker or to an extra worker, whichever is predicted faster; it is
+    # handed back (the worker shrinks, or stops with its requests migrated) before the next step.
     borrow: bool = False
     elastic: bool = False
     tps: list[int] | None = [1]
@@ -126,8 +127,8 @@ class TrainConfig(Frozen):
     profile: str | None = None  # a saved profile (`pearl profile`) for layout auto; else a quick calibration
     # The controller ticked on the wall clock during the run (`pearl.control`): `pearl` re-decides
     # the layout every `decision_interval_s` (decisions in summary.json); `fixed` keeps the first one.
-    # `policy.borrow: true` lends the trainer's core to an extra rollout worker while it waits for
-    # its batch. `policy.elastic: true` starts workers on the elastic devices of `elastic:`.
+    # `policy.borrow: true` lends the trainer's core to rollout (a second thread or an extra worker)
+    # while it waits for its batch. `policy.elastic: true` starts workers on the elastic devices of `elastic:`.
     policy: TrainPolicy = TrainPolicy()
     elastic: TrainElastic = TrainElastic()  # elastic devices: a trace and/or Ray nodes (runtime/train_elastic.py)
     backend: Literal["local", "ray"] = "local"  # ray: each rollout worker is a Ray actor (may span machines)
