@@ -22,9 +22,9 @@ reason are printed at the start and saved as `layout_decision` in summary.json.
 During the run the same `Controller` the simulator uses ticks on the wall clock every
 `policy.decision_interval_s` (`pearl.runtime.real_control.RealControl`): it measures the layout,
 re-decides, and may switch roles, ratio or worker count; every decision, "keep" included, is saved
-with its reason in summary.json (`decisions`); with `policy.borrow` it lends the trainer's slot (a
-second thread of the live worker, or an extra worker) while the trainer waits for its batch. With `backend: ray` the same controller drives the
-Ray actors; `elastic:` offers it devices from a trace or from Ray nodes that join.
+with its reason in summary.json (`decisions`); with `policy.borrow` it lends the trainer's slot (a second
+thread of the live worker, or an extra worker) while the trainer waits for its batch. With `backend:
+ray` the same controller drives the Ray actors; `elastic:` offers it devices from a trace or Ray nodes.
 
 Every trajectory is counted exactly once as trained (ok), failed (with its reason), stale, or skipped
 (its update had a non-finite gradient).
@@ -305,6 +305,7 @@ class Run:
             return {"version": self.trainer.version, "reward_mean": None, "success_rate": None, "skipped": False}
         self.training = True  # busy once it asks for its device: else a tick could lend it again before the step
         self.device_waits.append(self._post(TrainerNeedsDevices(), wait=True))  # a lent device comes back
+        torch.set_num_threads(self.threads.trainer)  # (process-wide; a worker on the lent core set its own)
         t0 = self.now()
         if self.control is not None:
             self.control.training(True)
@@ -367,7 +368,6 @@ class Run:
                     return
                 groups, wait_s = got
                 batch, stale, failed = split_batch(groups, self.trainer.version, cfg.staleness)
-                torch.set_num_threads(self.threads.trainer)  # process-wide: an engine on a lent core set two
                 m = {"step": step, **self._update(batch)}
                 self._account(batch, stale, failed, m["skipped"])
                 m = self._metrics(step, m, groups, batch, stale, failed, wait_s, time.perf_counter())

@@ -7,8 +7,9 @@ a `ClusterState` like the simulator's. What the local backend can do: start a wo
 sharing the weights of a live one, so it serves the current version at once), stop one (its requests
 move with their KV or resume from their tokens), drain one, give one a new role, lend the trainer's
 slot to a worker while the trainer waits for its batch and reclaim it, and resize one (a local torch
-engine computes with the threads of the devices it holds: the lent slot as a second thread). All actuator calls run on the
-rollout thread, between engine steps: the controller ticks there (`WallClock.run_due`), and the
+engine computes with the threads of the devices it holds: the lent slot as a second thread). All
+actuator calls run on the rollout thread, between engine steps: the controller ticks there
+(`WallClock.run_due`), and the
 trainer's events (`TrainerIdle`, `TrainerNeedsDevices`) reach it through `post` / `handle_events`;
 the trainer waits until its device is back.
 

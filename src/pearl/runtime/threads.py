@@ -2,11 +2,11 @@
 
 torch's intra-op thread count is process-wide (torch 2.13: a count one thread sets is the count every
 thread reads and its OpenMP regions use; MKL keeps a copy per thread), so each part sets its count
-right before it computes: the trainer thread before each update, an engine before each step
-(`TorchEngine(num_threads=...)`; a worker that took the trainer's lent core computes with both counts
-added). When rollout and training overlap (η ≥ 1) with different counts, whichever set it last wins
-until the other computes again; the automatic plan gives the trainer more than one thread only on
-hosts with more cores than rollout workers plus one. The automatic
+right before it computes: the trainer thread before each update (once its lent core is back), an
+engine before each step (`TorchEngine(num_threads=...)`; a worker that took the trainer's lent core
+computes with both counts added). When rollout and training overlap (η ≥ 1) with different counts, an
+engine step during an update sets the count for the rest of it; the automatic plan gives the trainer
+more than one thread only on hosts with more cores than rollout workers plus one. The automatic
 plan (`threads.trainer` / `threads.engine` left unset) gives each rollout worker one thread (a decode
 step is many small kernels: OpenMP threads waiting at barriers for a busy core make it slower, not
 faster) and the trainer the rest of the cores this process may run on, at least one. Inter-op
