@@ -166,7 +166,7 @@ CASES: list[tuple[str, str, str | bytes, tuple[str, ...]]] = [
     ("train-stall-timeout-inf", "train", "stall_timeout_s: .inf\n", ("'stall_timeout_s' = inf", "finite")),
     ("train-checkpoint-every-zero", "train", "checkpoint_every: 0\n", ("'checkpoint_every' = 0",)),
     ("train-policy-not-runnable", "train", "policy: {name: rlboost+}\n", ("policy.name 'rlboost+'",)),
-    ("train-tps", "train", "policy: {tps: [2]}\n", ("policy.tps [2]", "tensor-parallel size 1 only")),
+    ("train-tps", "train", "policy: {tps: [4]}\n", ("policy.tps [4]", "tensor-parallel size 1, or 2")),
     ("train-per-role-tp", "train", "policy: {per_role_tp: true}\n", ("policy.per_role_tp", "tensor-parallel size 1")),
     ("train-lr-nan", "train", "trainer: {lr: .nan}\n", ("'trainer.lr' = nan", "finite")),
     ("train-micro-batch-bool", "train", "trainer: {micro_batch_size: yes}\n",

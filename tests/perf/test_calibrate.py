@@ -86,6 +86,17 @@ def test_refuses_faster_than_hardware(bad, field):
         calibrate(samples, Q8, H100)
 
 
+def test_a_rough_peak_may_be_beaten_by_the_fit():
+    """The "cpu" entry's peak is a guess: a core faster than it fits with mfu > 1 (a refused fit fell
+    back to default coefficients on this machine), and predicts the steps it was fitted on."""
+    cpu = get_hardware("cpu")
+    assert cpu.rough and not H100.rough
+    truth = PerfModel(Q8, cpu, 1, PerfCoeffs(mfu=1.3, bw_eff=0.7, step_overhead_s=0.002, combine="sum"))
+    samples = synthetic(truth)
+    got = calibrate(samples, Q8, cpu, combine="sum")
+    assert got.mfu == pytest.approx(1.3, rel=0.02)
+
+
 def test_refuses_negative_overhead():
     # Steps timed with 0 overhead, then 6 ms knocked off each: the fit needs overhead = -6 ms.
     for combine in ("max", "sum"):

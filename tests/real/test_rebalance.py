@@ -71,3 +71,30 @@ def test_a_worker_joining_a_prefill_decode_layout_as_decode_takes_no_turn_starts
     loop.add_engine(TorchEngine(loaded, role=Role.DECODE))  # starts no turn: nothing to rebalance
     assert loop.rebalanced == 0 and all(ep.engine == 0 for ep in loop.episodes.values())
     loop.close()
+
+
+@pytest.mark.parametrize("gap", [0, 3])
+def test_turns_wait_while_no_worker_serves_and_the_next_worker_takes_them(gap):
+    """A switch that stops the only worker before its successor starts (tp 2 -> two workers): requests
+    in flight are parked, turns whose environment step ends meanwhile wait; none fails, nothing raises,
+    and the next worker finishes every trajectory with the tokens of a run that never switched."""
+    alone, _, _ = _rollout(None)
+    loaded = load_model("tiny")
+    params = SamplingParams(temperature=1.0, max_new_tokens=6, ignore_eos=True)
+    loop = AgentLoop([TorchEngine(loaded, kv_capacity_tokens=4096, seed=1)], "colocated", ThreeTurns, params, 4,
+                     10.0, seed=7)
+    done = [*loop.start_group(0, 0), *loop.start_group(1, 1)]
+    for _ in range(4):
+        done += loop.step()
+    loop.stop_engine(0, migrate=True)
+    for _ in range(gap):  # nothing serves: environment results come back, turns wait
+        done += loop.step()
+    assert loop.parked or loop.waiting
+    loop.add_engine(TorchEngine(loaded, kv_capacity_tokens=4096, seed=2))
+    while len(done) < 2:
+        done += loop.step()
+    trajs = {t.id: t for g in done for t in g.trajs}
+    assert set(trajs) == set(alone) and not loop.parked and not loop.waiting
+    for tid, t in trajs.items():
+        assert t.status is Status.OK and t.turns == 3 and t.token_ids == alone[tid].token_ids, tid
+    loop.close()

@@ -56,7 +56,7 @@ class ControlSetting:
     batch_size: int  # trajectories per training batch
     staleness: int  # η
     devices_per_node: int
-    num_kv_heads: int
+    num_kv_heads: int  # a tp must divide it (heads are sharded); 0: tp is intra-op threads, any fits
     train_devices: tuple[int, ...] = ()
     cold_start_s: float = 0.0  # a worker's first start on an elastic device (process, weight pull, warm-up)
     group_size: int = 1  # trajectories admitted together (one prompt's samples): a cap is never below it

@@ -157,7 +157,7 @@ def fit(samples: Iterable[StepSample], model: ModelShape, hw: Hardware, tp: int 
         if inv <= 0:
             raise CalibrationError(f"{where}: fitted {label} is not positive: step time does not grow "
                                    f"with the model's {what} demand")
-        if inv < 1.0:
+        if inv < 1.0 and not hw.rough:  # (a rough catalogue peak may be beaten: the product is what counts)
             raise CalibrationError(f"{where}: fitted {label} = {1 / inv:.3g} > 1: steps are faster than the "
                                    f"hardware's peak {what} allows; wrong hardware, model or tp?")
     tol = max(1e-5, 0.01 * float(np.median(y)))  # measurement noise can push a true ~0 slightly below

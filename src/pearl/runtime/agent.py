@@ -98,6 +98,7 @@ class AgentLoop(Routing):
         self.stopped: set[int] = set()  # engine indices no longer running
         self.draining: set[int] = set()  # engine indices taking no new turns (about to stop)
         self.parked: list[tuple[Any, Any]] = []  # (request, kv) waiting for a worker to serve them
+        self.waiting: list[Episode] = []  # turns that found no serving worker (mid-switch): the next takes them
         self.make_env, self.params, self.group_size = make_env, sampling, group_size
         self.seed = seed  # per-trajectory sampling seeds (`params_for`); None: each engine's own generator
         self.env_timeout_s, self.use_system_prompt = env_timeout_s, use_system_prompt
@@ -158,7 +159,7 @@ class AgentLoop(Routing):
                 self.episodes[t.id] = ep
                 done += self._fail(ep, f"environment constructor raised {type(err).__name__}: {one_line(str(err))}")
                 continue
-            ep = Episode(t, runner, group, self._pick_engine())
+            ep = Episode(t, runner, group, self._pick_engine() if self.turn_targets() else -1)
             self.episodes[t.id] = ep
             done += self._env_call(ep, "reset", seed)
         return done + self._take_closed()
@@ -234,6 +235,9 @@ class AgentLoop(Routing):
     def _submit(self, ep: Episode, kv: Any = None, engine: int | None = None) -> None:
         t = ep.traj
         if engine is None and ep.engine not in self.turn_targets():
+            if not self.turn_targets():  # e.g. a switch stopped the only worker before starting the next
+                self.waiting.append(ep)
+                return
             ep.engine = self._pick_engine()  # its worker left or changed role
         e = self.engines[ep.engine if engine is None else engine]
         try:
@@ -246,14 +250,18 @@ class AgentLoop(Routing):
 
     # ------------------------------------------------------------ changing the layout
     def add_engine(self, engine: Any) -> int:
-        """A new worker (brought to the current weights unless it shares them); requests parked while
-        no worker could serve them go to it."""
+        """A new worker (brought to the current weights unless it shares them); requests parked and
+        turns waiting while no worker could serve them go to it."""
         if self._last_weights is not None and engine.version != self._last_weights[1]:
             engine.update_weights(*self._last_weights)
         self.engines.append(engine)
         parked, self.parked = self.parked, []
         for req, kv in parked:
             self._resubmit(req, kv)
+        waiting, self.waiting = self.waiting, []
+        for ep in waiting:
+            if ep.traj.id in self.episodes:
+                self._submit(ep)
         self.rebalanced += self.rebalance(len(self.engines) - 1)
         return len(self.engines) - 1
 

@@ -30,7 +30,6 @@ class RayAgentLoop(AgentLoop):
         super().__init__(*args, **kwargs)
         self.dead: set[int] = set()
         self.latest: tuple[Any, int] | None = None  # (object-store ref, version) of the newest snapshot
-        self.waiting: list[Episode] = []  # turns with no serving worker while one is starting
         self.on_lost: Callable[[int], None] | None = None
         self.workers_lost = 0
         self.resubmitted = 0

@@ -105,18 +105,23 @@ def probe_workload(cfg: TrainConfig, loaded: Any, probe: Any, max_new_tokens: in
 def control_setting(cfg: TrainConfig, loaded: Any, stats: WorkloadStats,
                     threads: Any = None) -> tuple[ControlSetting, str]:
     """The controller's view of this run's set-up: one "device" per rollout worker (tp 1), the engine's
-    performance model (calibrated when there is a layout to choose), the probed workload. With
-    borrowing on local torch engines, a worker on two devices (its own and the trainer's, tp 2) too,
-    calibrated at the threads of both (`threads`: the run's `ThreadPlan`; 1 + 1 without one). Returns
-    it with where the performance model came from."""
+    performance model (calibrated when there is a layout to choose), the probed workload. On local
+    torch engines with borrowing or two rollout workers, a worker on two devices (tp 2: its own and
+    the trainer's, or both rollout cores) too, calibrated at the threads of both (`threads`: the run's
+    `ThreadPlan`; 1 + 1 without one). Returns it with where the performance model came from."""
     from pearl.config import EngineConfig
     from pearl.perf.hardware import get_hardware
     from pearl.perf.roofline import PerfModel
     from pearl.real.profiling import model_shape
 
-    # Borrowing on local torch engines: a lent core can be a second intra-op thread of the live worker
-    # (`Resize`), which the controller weighs against a new worker on it, both calibrated.
-    resize = cfg.policy.borrow and cfg.backend == "local" and cfg.engine.kind == "torch"
+    # On local torch engines a worker on two devices is one engine with the threads of both (tp 2 is
+    # intra-op threads, no heads sharded). Borrowing: a lent core can be a second thread of the live
+    # worker (`Resize`), weighed against a new worker on it. Two rollout workers: one engine on both
+    # cores against two engines, with `policy.tps: [1, 2]` (`benchmarks/real_tp_choice.py`: which wins
+    # depends on the turn shape).
+    local = cfg.backend == "local" and cfg.engine.kind == "torch"
+    resize = cfg.policy.borrow and local
+    threads_tp = local and (resize or (cfg.rollout_workers == 2 and 2 in (cfg.policy.tps or (1, 2))))
     if cfg.rollout_workers >= 2 or cfg.profile or resize:
         pm, source = _perf_model(cfg, loaded)
     else:
@@ -125,9 +130,9 @@ def control_setting(cfg: TrainConfig, loaded: Any, stats: WorkloadStats,
     models = {1: pm.with_kv_capacity(cfg.engine.kv_capacity_tokens)}  # the engines' KV pool, not the host's
     # On a thread of its own, which ends: after the main thread had run a two-thread OpenMP team, the
     # rollout thread's two-thread steps took 174 ms instead of 130 ms (SmolLM2 calculator, measured).
-    if resize:
+    if threads_tp:
         got: list = []
-        n = threads.engine + threads.trainer if threads is not None else 2
+        n = threads.engine + (threads.trainer if resize else threads.engine) if threads is not None else 2
         th = threading.Thread(target=lambda: got.append(_perf_model(cfg, loaded, n)), name="pearl-calibrate")
         th.start()
         th.join()
@@ -143,7 +148,7 @@ def control_setting(cfg: TrainConfig, loaded: Any, stats: WorkloadStats,
     engine = EngineConfig(tp=1, max_num_seqs=cfg.engine.max_num_seqs, max_batched_tokens=cfg.engine.max_batched_tokens)
     setting = ControlSetting(perf_for=perf_for, engine=engine, stats=stats, batch_size=cfg.batch_size,
                              staleness=cfg.staleness, devices_per_node=cfg.rollout_workers,
-                             num_kv_heads=pm.model.num_kv_heads, group_size=cfg.group_size, live_resize=resize)
+                             num_kv_heads=0 if threads_tp else pm.model.num_kv_heads, group_size=cfg.group_size, live_resize=resize)
     return setting, source
 
 

@@ -96,6 +96,8 @@ class TrainPolicy(PolicyConfig):
     # handed back (the worker shrinks, or stops with its requests migrated) before the next step.
     borrow: bool = False
     elastic: bool = False
+    # [1, 2] (or None) on local torch engines: two rollout workers may also run as one engine on both
+    # cores (tp 2 = its intra-op threads). Opt-in: the calibrated 2-thread model mis-ranks the tiny model.
     tps: list[int] | None = [1]
     controller: TrainControllerConfig = TrainControllerConfig()
 
@@ -189,8 +191,10 @@ class TrainConfig(Frozen):
             raise ValueError("elastic.ray_nodes needs backend: ray")
         if p.borrow and self.backend != "local":
             raise ValueError("policy.borrow needs backend 'local' (the trainer's slot is not lent to Ray actors)")
-        if p.tps not in (None, [1]):
-            raise ValueError(f"policy.tps {p.tps}: pearl train's CPU workers run at tensor-parallel size 1 only")
+        threads_tp = self.backend == "local" and self.engine.kind == "torch"
+        if p.tps not in (None, [1]) and not (threads_tp and set(p.tps) <= {1, 2}):
+            raise ValueError(f"policy.tps {p.tps}: pearl train's CPU workers run at tensor-parallel size 1, "
+                             "or 2 (a worker's intra-op threads on two cores) on local torch engines")
         if p.per_role_tp:
             raise ValueError("policy.per_role_tp: pearl train's CPU workers all run at tensor-parallel size 1 "
                              "(no prefill tp of their own)")

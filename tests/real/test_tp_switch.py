@@ -1,0 +1,60 @@
+"""Two local rollout workers or one engine on both cores (tp 2, intra-op threads): with
+`policy.tps: [1, 2]` the controller weighs both on models calibrated at one and two threads, and a
+switch between them happens for real (both workers stop with their requests migrated, one starts on
+both devices), recorded with its predicted gain and cost, nothing lost. The two-thread model's
+efficiency is scaled to force the switch: the mechanism is under test (which way pays on this CPU is
+`benchmarks/real_tp_choice.py`'s question)."""
+import json
+from dataclasses import replace
+
+import pytest
+from rich.console import Console
+
+from pearl.runtime.training import run_training
+
+pytest.importorskip("transformers")
+
+
+def scale_two_threads(monkeypatch, factor: float) -> None:
+    """The run's calibrated 2-thread model made `factor` times as efficient (compute, bandwidth, overhead)."""
+    import pearl.runtime.real_layout as rl
+
+    real_model = rl._perf_model
+
+    def scaled(cfg, loaded, threads=1):
+        pm, src = real_model(cfg, loaded, threads)
+        c = pm.coeffs
+        return (pm.with_coeffs(replace(c, mfu=c.mfu * factor, bw_eff=min(1.0, c.bw_eff * factor),
+                                       step_overhead_s=c.step_overhead_s / factor))
+                if threads > 1 else pm), src
+
+    monkeypatch.setattr(rl, "_perf_model", scaled)
+
+
+def test_two_workers_become_one_engine_on_both_cores_for_real(tmp_path, monkeypatch):
+    scale_two_threads(monkeypatch, 3.0)
+    s = run_training(None, {"max_steps": 10, "prompts_per_step": 2, "group_size": 4, "rollout_workers": 2,
+                            "layout": "colocated", "policy": {"tps": [1, 2], "decision_interval_s": 0.25,
+                                                              "min_dwell_s": 1.0}},
+                     tmp_path, Console(file=open("/dev/null", "w")))
+    switched = [d for d in s["decisions"] if d["switch"]]
+    assert switched, [d["reason"] for d in s["decisions"]]
+    first = switched[0]
+    assert (first["current"], first["chosen"]) == ("colocated×2", "colocated×1@tp2"), first["reason"]
+    assert first["gain_s"] > 0 and first["cost_s"] >= 0 and first["plan"]["starts"] == 1
+    assert s["controller"]["layout_final"] == "colocated×1@tp2"
+    spans = [e for e in json.loads((tmp_path / "trace.json").read_text())["traceEvents"]
+             if e["ph"] == "X" and e.get("cat") == "role" and "devices" in e["args"]]
+    assert any(e["args"]["devices"] == [0, 1] for e in spans)  # one worker on both rollout cores
+    t = s["trajectories"]
+    assert s["steps"] == 10 and t["failed"] == 0
+    assert t["ok"] + t["failed"] + t["stale"] + s["trajectories_unfinished"] == s["trajectories_admitted"]
+
+
+def test_without_tp_2_in_policy_tps_two_workers_stay_two(tmp_path, monkeypatch):
+    scale_two_threads(monkeypatch, 3.0)
+    s = run_training(None, {"max_steps": 3, "prompts_per_step": 2, "group_size": 4, "rollout_workers": 2,
+                            "layout": "colocated", "policy": {"decision_interval_s": 0.5, "min_dwell_s": 1.0}},
+                     tmp_path, Console(file=open("/dev/null", "w")))
+    assert all("@tp2" not in str(d.get("candidates")) for d in s["decisions"])
+    assert s["controller"]["layout_final"] == "colocated×2"
