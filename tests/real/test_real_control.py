@@ -130,20 +130,9 @@ def test_the_trainers_device_is_lent_while_it_waits_and_back_before_it_trains(tm
 def test_a_lent_core_serves_as_a_second_thread_or_a_second_worker_as_predicted(tmp_path, monkeypatch, tp2_eff):
     """Both ways of lending the trainer's core, each taken when the calibrated models say it is faster
     (the two-thread model's efficiency is scaled to force each way: the mechanism is under test)."""
-    from dataclasses import replace
+    from tests.real.test_tp_switch import scale_two_threads
 
-    import pearl.runtime.real_layout as rl
-
-    real_model = rl._perf_model
-
-    def scaled(cfg, loaded, threads=1):
-        pm, src = real_model(cfg, loaded, threads)
-        c = pm.coeffs
-        return (pm.with_coeffs(replace(c, mfu=c.mfu * tp2_eff, bw_eff=min(1.0, c.bw_eff * tp2_eff),
-                                       step_overhead_s=c.step_overhead_s / tp2_eff))
-                if threads > 1 else pm), src
-
-    monkeypatch.setattr(rl, "_perf_model", scaled)
+    scale_two_threads(monkeypatch, tp2_eff)
     s = _run(tmp_path, rollout_workers=1, max_steps=4,
              env={"name": f"{__name__}:SlowTurns", "kwargs": {}, "use_system_prompt": False},
              policy={"borrow": True, "decision_interval_s": 0.5, "controller": {"lend_gain_factor": 0.0}})
