@@ -13,33 +13,35 @@ from __future__ import annotations
 import argparse
 import sys
 import threading
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
+sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import torch  # noqa: E402
 
 from pearl.control.predictor import BatchState, WorkloadStats  # noqa: E402
 from pearl.control.selector import select  # noqa: E402
 from pearl.envs import StepResult  # noqa: E402
-from pearl.real.engine import TorchEngine  # noqa: E402
 from pearl.real.models import load_model  # noqa: E402
-from pearl.real.sampling import SamplingParams  # noqa: E402
-from pearl.runtime.agent import AgentLoop  # noqa: E402
 from pearl.runtime.real_layout import _perf_model  # noqa: E402
 from pearl.runtime.train_config import load_train_config  # noqa: E402
 from pearl.types import LayoutShape  # noqa: E402
 from pearl.workloads import TrajectorySpec  # noqa: E402
+from rollout_workers import rollout  # noqa: E402
 
 FILLER = "the ice creaks. "
 # name: (observation characters, response tokens, turns)
 SHAPES = {"decode-heavy": (40, 24, 4), "prefill-heavy": (800, 1, 3)}
 
 
+def observation(obs_chars: int) -> str:
+    return (FILLER * (obs_chars // len(FILLER) + 1))[:obs_chars]
+
+
 def env_class(obs_chars: int, turns: int) -> type:
-    text = (FILLER * (obs_chars // len(FILLER) + 1))[:obs_chars]
+    text = observation(obs_chars)
 
     class Env:
         system_prompt, allowed_actions, max_turns = "Keep walking.", [], turns
@@ -53,18 +55,6 @@ def env_class(obs_chars: int, turns: int) -> type:
             return StepResult(text, 0.0, self.t >= turns, {})
 
     return Env
-
-
-def rollout(loaded, workers: int, env: type, resp: int, n: int) -> float:
-    engines = [TorchEngine(loaded, seed=i, wid=i, max_num_seqs=64) for i in range(workers)]
-    loop = AgentLoop(engines, "colocated", env, SamplingParams(temperature=1.0, max_new_tokens=resp, ignore_eos=True),
-                     n, 10.0, parallel_engines=workers > 1)
-    t0, done = time.perf_counter(), len(loop.start_group(0, 0))
-    while done < 1:
-        done += len(loop.step())
-    dt = time.perf_counter() - t0
-    loop.close()
-    return n / dt
 
 
 def on_thread(threads: int, fn, *args):
@@ -83,7 +73,7 @@ def on_thread(threads: int, fn, *args):
 
 def predicted(models: dict, loaded, obs_chars: int, resp: int, turns: int, n: int) -> dict[str, float]:
     tok = loaded.tokenizer
-    text = (FILLER * (obs_chars // len(FILLER) + 1))[:obs_chars]
+    text = observation(obs_chars)
     prompt = len(tok.chat([{"role": "system", "content": "Keep walking."}, {"role": "user", "content": text}]))
     obs = len(tok.chat([{"role": "user", "content": text}]))
     spec = TrajectorySpec(0, 0, prompt, (resp,) * turns, (obs,) * (turns - 1), (0.0,) * turns)
@@ -109,10 +99,9 @@ def main() -> None:
     ratios = []
     for name, (obs, resp, turns) in SHAPES.items():
         env = env_class(obs, turns)
-        on_thread(1, rollout, loaded, 1, env, resp, 2)  # warm-up
-        one = on_thread(1, rollout, loaded, 1, env, resp, a.trajectories)
-        tp2 = on_thread(2, rollout, loaded, 1, env, resp, a.trajectories)
-        two = on_thread(1, rollout, loaded, 2, env, resp, a.trajectories)
+        on_thread(1, rollout, loaded, 1, 1, 2, env, resp)  # warm-up
+        one, tp2, two = (on_thread(th, rollout, loaded, workers, 1, a.trajectories, env, resp)
+                         for th, workers in ((1, 1), (2, 1), (1, 2)))
         pred = predicted(models, loaded, obs, resp, turns, a.trajectories)
         p_tp2, p_two = pred["colocated×1@tp2"], pred["colocated×2"]
         best = "tp 2" if tp2 > two else "2 engines"

@@ -39,10 +39,11 @@ class Sum:
         return StepResult(None, float(str(self.a + self.b) in text), True, {})
 
 
-def rollout(loaded, workers: int, groups: int, group_size: int) -> float:
+def rollout(loaded, workers: int, groups: int, group_size: int, env: type = Sum, max_new_tokens: int = 16) -> float:
+    """Trajectories/s of `groups` groups of `env` on `workers` engines stepping in parallel."""
     engines = [TorchEngine(loaded, seed=i, wid=i, max_num_seqs=64) for i in range(workers)]
-    loop = AgentLoop(engines, "colocated", Sum, SamplingParams(temperature=1.0, max_new_tokens=16, ignore_eos=True),
-                     group_size, 10.0, parallel_engines=workers > 1)
+    params = SamplingParams(temperature=1.0, max_new_tokens=max_new_tokens, ignore_eos=True)
+    loop = AgentLoop(engines, "colocated", env, params, group_size, 10.0, parallel_engines=workers > 1)
     t0, done = time.perf_counter(), 0
     for g in range(groups):
         done += len(loop.start_group(g, g))

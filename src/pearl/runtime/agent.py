@@ -159,7 +159,7 @@ class AgentLoop(Routing):
                 self.episodes[t.id] = ep
                 done += self._fail(ep, f"environment constructor raised {type(err).__name__}: {one_line(str(err))}")
                 continue
-            ep = Episode(t, runner, group, self._pick_engine() if self.turn_targets() else -1)
+            ep = Episode(t, runner, group, self._pick_engine())
             self.episodes[t.id] = ep
             done += self._env_call(ep, "reset", seed)
         return done + self._take_closed()
@@ -235,10 +235,10 @@ class AgentLoop(Routing):
     def _submit(self, ep: Episode, kv: Any = None, engine: int | None = None) -> None:
         t = ep.traj
         if engine is None and ep.engine not in self.turn_targets():
-            if not self.turn_targets():  # e.g. a switch stopped the only worker before starting the next
+            ep.engine = self._pick_engine()  # its worker left or changed role
+            if ep.engine < 0:  # none serves (a switch stopped the only worker before starting the next)
                 self.waiting.append(ep)
                 return
-            ep.engine = self._pick_engine()  # its worker left or changed role
         e = self.engines[ep.engine if engine is None else engine]
         try:
             e.add_request(t.token_ids, self.params_for(t.id), session=t.id, rid=f"{t.id}:{t.turns}", kv=kv)

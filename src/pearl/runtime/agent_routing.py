@@ -16,7 +16,6 @@ import zlib
 from typing import Any
 
 from pearl.engine.router import take_share
-from pearl.errors import PearlError
 from pearl.types import Role
 
 __all__ = ["Routing"]
@@ -59,9 +58,11 @@ class Routing:
         return self.serving(Role.DECODE) or self.serving(Role.MIXED) or self.serving(Role.PREFILL)
 
     def _pick_engine(self) -> int:
+        """The next worker to start a turn, round robin; -1 while none serves (mid-switch, or while a
+        Ray worker starts): the turn then waits for one (`AgentLoop.waiting`)."""
         cands = self.turn_targets()
         if not cands:
-            raise PearlError("no rollout worker is serving: the layout has no worker that can start a turn")
+            return -1
         self._rr = (self._rr + 1) % len(cands)
         return cands[self._rr]
 

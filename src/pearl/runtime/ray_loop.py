@@ -108,19 +108,13 @@ class RayAgentLoop(AgentLoop):
                 self._submit(ep)
 
     # ------------------------------------------------------------ placement
-    def _pick_engine(self) -> int:
-        return self._pick() if self.turn_targets() else -1
-
-    def _pick(self) -> int:
-        return super()._pick_engine()
-
     def _submit(self, ep: Episode, kv: Any = None, engine: int | None = None) -> None:
         idx = ep.engine if engine is None else engine
         if engine is None and idx not in self.turn_targets():
             if not self.turn_targets():
                 self._no_worker(ep)
                 return
-            idx = ep.engine = self._pick()
+            idx = ep.engine = self._pick_engine()
         try:
             super()._submit(ep, kv, idx)
         except WorkerGone:
