@@ -36,7 +36,9 @@ def batch_specs(cfg: ScenarioConfig):
 
 @pytest.mark.parametrize("model,tp,coeffs", [("qwen3-8b", 1, PerfCoeffs()), ("qwen3-8b", 2, PerfCoeffs()),
                                              ("qwen3-30b-a3b", 1, PerfCoeffs()),
-                                             ("qwen3-30b-a3b", 4, PerfCoeffs(combine="sum", mfu=0.3))])
+                                             ("qwen3-30b-a3b", 4, PerfCoeffs(combine="sum", mfu=0.3)),
+                                             # a CPU calibration's per-sequence cost (SmolLM2: ~9 ms)
+                                             ("qwen3-8b", 2, PerfCoeffs(combine="sum", seq_overhead_s=0.009))])
 def test_vectorised_step_equals_roofline(model, tp, coeffs):
     pm = PerfModel(get_model(model), H800, tp=tp, coeffs=coeffs)
     cf = _Coeffs.of(pm)

@@ -63,6 +63,54 @@ def test_recovers_additive_form_on_cpu():
     assert_close(got, want, 0.02)
 
 
+def sweep_like(pm: PerfModel, seed: int = 0, noise: float = 0.0):
+    """Steps shaped like the real engine's calibration sweep (`pearl.real.profiling.sweep`): decode
+    batches 1-4 at contexts of 20-70 tokens, prefills of 16-256 tokens, mixed steps."""
+    rng, out = random.Random(seed), []
+    for b in (0, 1, 2, 4):
+        for ctx in (20, 45, 70):
+            for p in (0, 16, 64) if b else (16, 64, 256):
+                attn = p * (ctx + p / 2) if p else 0.0
+                t = pm.step_time(b, b * ctx, p, attn) * (1 + rng.gauss(0, noise))
+                out.append(StepSample(b, b * ctx, p, attn, t))
+    return out
+
+
+def test_sum_form_fits_a_per_sequence_cost_and_holds_bw_eff_when_weights_dominate():
+    """SmolLM2 on one core: every step reads the same ~0.5 GB of weights, so the memory time cannot be
+    told from the fixed overhead (the 3-term fit said -680 ms of overhead and was refused); decode
+    costs ~9 ms per extra sequence. The fit holds bw_eff at its prior and finds the rest."""
+    cpu, smol = get_hardware("cpu"), get_model("smollm2-135m")
+    truth = PerfCoeffs(mfu=1.2, bw_eff=cpu.bw_eff, step_overhead_s=0.003, seq_overhead_s=0.009, combine="sum")
+    cal = fit(sweep_like(PerfModel(smol, cpu, 1, truth)), smol, cpu, combine="sum")
+    assert cal.held == ("bw_eff",)
+    assert cal.coeffs.seq_overhead_s == pytest.approx(0.009, rel=0.02)
+    assert cal.coeffs.step_overhead_s == pytest.approx(0.003, rel=0.02)
+    assert cal.coeffs.mfu == pytest.approx(1.2, rel=0.02)
+    noisy = fit(sweep_like(PerfModel(smol, cpu, 1, truth), seed=2, noise=0.02), smol, cpu, combine="sum")
+    assert noisy.coeffs.seq_overhead_s == pytest.approx(0.009, rel=0.2) and noisy.rel_rmse < 0.04
+
+
+def test_sum_form_fits_bw_eff_or_the_per_sequence_cost_never_both():
+    """Where the memory time varies with the batch, so does the sequence count: bw_eff is fitted and the
+    per-sequence cost kept at its prior; a per-sequence cost the steps do not show is not invented."""
+    small = ModelShape("small", num_layers=4, hidden=256, num_q_heads=4, num_kv_heads=2, head_dim=64, ffn=1024,
+                       vocab=4096)
+    cpu = get_hardware("cpu")
+    want = PerfCoeffs(mfu=0.3, bw_eff=0.5, step_overhead_s=0.0005, seq_overhead_s=0.0002, combine="sum")
+    cal = fit(synthetic(PerfModel(small, cpu, coeffs=want), n=60), small, cpu, combine="sum",
+              base=PerfCoeffs(seq_overhead_s=0.0002))
+    assert cal.held == ("seq_overhead_s",) and cal.coeffs.seq_overhead_s == 0.0002
+    assert_close(cal.coeffs, want, 0.02)
+    # weights dominate, and the steps cost nothing per sequence (or less: noise): 0, not negative
+    smol = get_model("smollm2-135m")
+    none = PerfModel(smol, cpu, 1, PerfCoeffs(mfu=1.2, bw_eff=cpu.bw_eff, step_overhead_s=0.003, combine="sum"))
+    assert fit(sweep_like(none), smol, cpu, combine="sum").coeffs.seq_overhead_s < 1e-9
+    faster = [StepSample(s.n_decode, s.decode_context, s.prefill_tokens, s.prefill_attn,
+                         s.seconds - 1e-3 * s.n_decode) for s in sweep_like(none)]
+    assert fit(faster, smol, cpu, combine="sum", max_rel_error=0.5).coeffs.seq_overhead_s == 0.0
+
+
 def test_noisy_samples_still_close():
     samples = synthetic(PerfModel(Q8, H100, 1, TRUE), n=300, noise=0.02, seed=3)
     cal = fit(samples, Q8, H100)

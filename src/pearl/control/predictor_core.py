@@ -29,7 +29,7 @@ class _Coeffs:
     that step times of many candidates and batch sizes are a few numpy operations."""
 
     NAMES = ("flop_rate", "byte_rate", "ovh", "sum", "a_tok", "a_pair", "a_lm", "b_static", "b_tok",
-             "b_kv", "b_exp", "n_exp", "log_miss", "ar_tok", "ar_fixed", "cap", "xfer_same", "xfer_net",
+             "b_kv", "b_exp", "n_exp", "log_miss", "ar_tok", "ar_fixed", "seq", "cap", "xfer_same", "xfer_net",
              "setup")
     _cache: dict[int, tuple[PerfModel, _Coeffs]] = {}
 
@@ -55,8 +55,9 @@ class _Coeffs:
         sol = np.linalg.lstsq(a if self.n_exp else a[:, :2], [w(n, 0)[1] for n in (1, 2, 3)], rcond=None)[0]
         self.b_static, self.b_tok = sol[0], sol[1]
         self.b_exp = sol[2] if self.n_exp else 0.0  # bytes per expert touched
-        self.ar_tok = w(2, 0)[2] - w(1, 0)[2]
-        self.ar_fixed = w(1, 0)[2] - self.ar_tok
+        self.seq = c.seq_overhead_s  # per sampled sequence (the additive seconds' other part)
+        self.ar_tok = w(2, 0)[2] - w(1, 0)[2] - self.seq
+        self.ar_fixed = w(1, 0)[2] - self.ar_tok - self.seq
         self.cap = float(pm.kv_capacity_tokens())
         self.xfer_same = pm.kv_bytes_per_token / (hw.nvlink_bw * pm.tp)
         self.xfer_net = pm.kv_bytes_per_token / (hw.net_bw * pm.tp)
@@ -82,6 +83,7 @@ def _step(c, B, ctx, P=None, A=None, parts: bool = False):
     """Vectorised `PerfModel.step_time` (B may be fractional: a mean batch); P, A: prefill tokens and
     attention work (None: a decode step, B > 0); with `parts`, also whether it is memory-bound."""
     tokens = B if P is None else B + P
+    sampled = B if P is None else B + (np.asarray(P, float) > 0)
     flops = c.a_tok * tokens + c.a_lm * B + c.a_pair * ctx
     nbytes = c.b_static + c.b_tok * tokens + c.b_kv * ctx + c.b_exp * c.n_exp * -np.expm1(tokens * c.log_miss)
     if P is not None:  # prefill chunks: their attention, their KV reads and one sampled position
@@ -89,7 +91,7 @@ def _step(c, B, ctx, P=None, A=None, parts: bool = False):
         flops = flops + c.a_pair * A + c.a_lm * (P > 0)
         nbytes = nbytes + c.b_kv * np.where(P > 0, A / np.maximum(P, 1.0) + P / 2, 0.0)
     tc, tm = flops / c.flop_rate, nbytes / c.byte_rate
-    t = c.ovh + np.where(c.sum > 0, tc + tm, np.maximum(tc, tm)) + c.ar_tok * tokens + c.ar_fixed
+    t = c.ovh + np.where(c.sum > 0, tc + tm, np.maximum(tc, tm)) + c.ar_tok * tokens + c.ar_fixed + c.seq * sampled
     if P is not None:
         t = np.where(tokens > 0, t, 0.0)  # an empty step costs nothing
     return (t, tm >= tc) if parts else t

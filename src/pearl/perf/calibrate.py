@@ -1,10 +1,19 @@
 """Fit the roofline efficiencies (mfu, bw_eff, step overhead) to measured engine step times.
 
 Each measured step is reduced to the ideal compute time c (FLOPs at 100% of peak), the ideal memory
-time m (bytes at 100% of HBM bandwidth) and the all-reduce time; the fit then solves, in relative error,
+time m (bytes at 100% of HBM bandwidth), its sequences q (decodes, plus one for a prefill chunk) and
+the all-reduce time; the fit then solves, in relative error,
 
     max form:  seconds - comm = overhead + max(c / mfu, m / bw_eff)
-    sum form:  seconds - comm = overhead + c / mfu + m / bw_eff        (linear in 1/mfu, 1/bw_eff)
+    sum form:  seconds - comm = overhead + c / mfu + m / bw_eff + seq_overhead·q   (linear)
+
+In the sum form (CPUs) the samples determine either bw_eff or the per-sequence cost, not both (see
+`_fit_sum`). When the memory time hardly varies over the samples (a model whose weights dominate every
+step's bytes, such as SmolLM2 in float32), it cannot be told apart from the fixed overhead: bw_eff is
+held at its prior and the per-sequence cost is fitted instead; an engine that loops over sequences in
+Python pays milliseconds per sequence that no roofline term sees (SmolLM2 on one core: ~9 ms). A
+negative fitted per-sequence cost is dropped (0, and the rest refitted). Otherwise bw_eff is fitted
+and the per-sequence cost kept at its prior. `Calibration.held` names what was kept.
 
 Fits that are physically impossible (mfu or bw_eff above 1 or not positive, negative overhead) or that
 explain the data badly raise `CalibrationError` with the reason.
@@ -22,6 +31,9 @@ from pearl.perf.models import ModelShape
 from pearl.perf.roofline import PerfCoeffs, PerfModel, ideal_time
 
 MIN_SAMPLES = 5  # three unknowns, plus enough slack to see the residual
+# The memory time must spread by more than this (max/min - 1) over the samples for the sum form to fit
+# bw_eff apart from the step overhead.
+MIN_MEMORY_SPREAD = 0.1
 
 
 @dataclass(frozen=True)
@@ -45,6 +57,7 @@ class Calibration:
     rel_rmse: float  # root-mean-square of (predicted - measured) / measured
     compute_bound: int  # samples on the compute side of the roofline (max form)
     memory_bound: int
+    held: tuple[str, ...] = ()  # coefficients the samples could not determine, kept at their prior
 
 
 def _regressors(samples: Sequence[StepSample], pm: PerfModel) -> tuple[np.ndarray, ...]:
@@ -57,23 +70,40 @@ def _regressors(samples: Sequence[StepSample], pm: PerfModel) -> tuple[np.ndarra
         if s.n_decode + s.prefill_tokens == 0:
             raise CalibrationError(f"sample {i} has no tokens (an empty step cannot be fitted)")
         c, m, comm = ideal_time(pm, s.n_decode, s.decode_context, s.prefill_tokens, s.prefill_attn)
-        rows.append((c, m, comm, s.seconds))
-    c, m, comm, y = (np.array(col, dtype=float) for col in zip(*rows))
-    return c, m, y - comm, y
+        rows.append((c, m, comm, s.n_decode + (1 if s.prefill_tokens > 0 else 0), s.seconds))
+    c, m, comm, q, y = (np.array(col, dtype=float) for col in zip(*rows))
+    return c, m, q, y - comm, y
 
 
-def _fit_sum(c: np.ndarray, m: np.ndarray, y: np.ndarray) -> tuple[float, float, float]:
-    """Weighted (relative-error) linear least squares for overhead + a·c + b·m. Unconstrained on
-    purpose: a sign or a value below 1 is what tells us the fit is impossible."""
+def _lsq(cols: list[np.ndarray], y: np.ndarray) -> np.ndarray:
+    """Weighted (relative-error) linear least squares of y on `cols`. Unconstrained on purpose: a sign
+    or a value below 1 is what tells us the fit is impossible."""
     w = 1.0 / y
-    design = np.column_stack([np.ones_like(c), c, m]) * w[:, None]
+    design = np.column_stack(cols) * w[:, None]
     scale = np.linalg.norm(design, axis=0)
-    if np.any(scale == 0) or np.linalg.matrix_rank(design / scale) < 3:
+    if np.any(scale == 0) or np.linalg.matrix_rank(design / scale) < len(cols):
         raise CalibrationError("the samples do not vary enough to separate compute, memory and "
                                "overhead; mix decode, prefill and mixed steps of different sizes")
     sol, *_ = np.linalg.lstsq(design / scale, y * w, rcond=None)
-    o, a, b = sol / scale
-    return float(a), float(b), float(o)
+    return sol / scale
+
+
+def _fit_sum(c: np.ndarray, m: np.ndarray, q: np.ndarray, y: np.ndarray, b_prior: float,
+             s_prior: float) -> tuple[float, float, float, float, tuple[str, ...]]:
+    """overhead + a·c + b·m + s·q (module docstring): (a, b, o, s, held). Either the memory time or the
+    per-sequence cost is fitted, never both: where the memory time varies, it grows with the batch as
+    the sequence count does, and the two trade off freely (the tiny model's bw_eff came out anywhere
+    from 1.7 to 32, or negative, under load)."""
+    one = np.ones_like(c)
+    if np.max(m) > np.min(m) * (1 + MIN_MEMORY_SPREAD):
+        o, a, b = (float(v) for v in _lsq([one, c, m], y - s_prior * q))
+        return a, b, o, s_prior, ("seq_overhead_s",)
+    y = y - b_prior * m  # m ~ constant: collinear with the overhead; hold bw_eff
+    sol = _lsq([one, c, q], y) if np.ptp(q) > 0 else np.append(_lsq([one, c], y), 0.0)
+    if sol[-1] < 0:  # a per-sequence cost below 0 is noise: none, and refit the rest
+        sol = np.append(_lsq([one, c], y), 0.0)
+    o, a, s = (float(v) for v in sol)
+    return a, b_prior, o, s, ("bw_eff",)
 
 
 def _max_residual(x: np.ndarray, c: np.ndarray, m: np.ndarray, y: np.ndarray, ymed: float) -> np.ndarray:
@@ -129,7 +159,8 @@ def _fit_max(c: np.ndarray, m: np.ndarray, y: np.ndarray) -> tuple[float, float,
 
 def fit(samples: Iterable[StepSample], model: ModelShape, hw: Hardware, tp: int = 1, combine: str = "max",
         base: PerfCoeffs | None = None, max_rel_error: float = 0.25) -> Calibration:
-    """Fit mfu, bw_eff and step_overhead_s; the other coefficients come from `base`. Raises
+    """Fit mfu, bw_eff and step_overhead_s (and, in the sum form, seq_overhead_s); the other
+    coefficients come from `base`. Raises
     CalibrationError when the fit is impossible or its relative RMS error exceeds `max_rel_error`."""
     samples = list(samples)
     if combine not in ("max", "sum"):
@@ -138,11 +169,18 @@ def fit(samples: Iterable[StepSample], model: ModelShape, hw: Hardware, tp: int 
         raise CalibrationError(f"too few samples to calibrate: {len(samples)} (need at least {MIN_SAMPLES})")
     pm = PerfModel(model, hw, tp, replace(base or PerfCoeffs(), combine=combine))
     base = pm.coeffs  # with the hardware's mfu / bw_eff where `base` leaves them unset
-    c, m, y, measured = _regressors(samples, pm)
+    c, m, q, y, measured = _regressors(samples, pm)
+    s, held = base.seq_overhead_s, ()
+    if combine == "sum":
+        y = y + s * q  # (comm included the prior's per-sequence cost: the sum form fits its own)
     if np.any(y <= 0):
         raise CalibrationError("some steps took less than their tensor-parallel all-reduces alone; "
                                "wrong tp or hardware?")
-    a, b, o = (_fit_sum if combine == "sum" else _fit_max)(c, m, y)
+    if combine == "sum":
+        a, b, o, s, held = _fit_sum(c, m, q, y, 1.0 / base.bw_eff, s)
+        y = y - s * q  # from here on, y is what the roofline terms and the overhead explain
+    else:
+        a, b, o = _fit_max(c, m, y)
     comp = a * c >= b * m
     if combine == "max":
         # A side of the roofline that no sample reaches only bounds its efficiency from below: keep the
@@ -164,7 +202,7 @@ def fit(samples: Iterable[StepSample], model: ModelShape, hw: Hardware, tp: int 
     if o < -tol:
         raise CalibrationError(f"{where}: fitted step overhead is negative ({o * 1e3:.3g} ms)")
     o = max(o, 0.0)
-    coeffs = replace(base, mfu=1.0 / a, bw_eff=1.0 / b, step_overhead_s=o)
+    coeffs = replace(base, mfu=1.0 / a, bw_eff=1.0 / b, step_overhead_s=o, seq_overhead_s=s)
     pred = o + (np.maximum(a * c, b * m) if combine == "max" else a * c + b * m)
     err = pred - y
     rel = float(np.sqrt(np.mean((err / measured) ** 2)))
@@ -173,7 +211,7 @@ def fit(samples: Iterable[StepSample], model: ModelShape, hw: Hardware, tp: int 
                                f"{rel:.1%} > {max_rel_error:.0%}); try combine='sum' or check the samples")
     return Calibration(coeffs, len(samples), float(np.sqrt(np.mean(err ** 2))), rel,
                        int(np.sum(comp)) if combine == "max" else 0,
-                       int(np.sum(~comp)) if combine == "max" else 0)
+                       int(np.sum(~comp)) if combine == "max" else 0, held)
 
 
 def calibrate(samples: Iterable[StepSample], model: ModelShape, hw: Hardware, tp: int = 1,

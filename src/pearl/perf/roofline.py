@@ -50,8 +50,8 @@ class PerfCoeffs:
     mfu: float | None = None  # achieved fraction of peak FLOP/s; None: the hardware's `mfu`
     bw_eff: float | None = None  # achieved fraction of HBM bandwidth on weights; None: the hardware's
     step_overhead_s: float = 0.000419  # fixed per engine step (scheduling, launches)
-    # Per sequence in a step (sampling, bookkeeping). 0 in the catalogue: the controller's predictor
-    # (pearl.control.predictor_core) cannot represent it yet; fitted with it, it is ~69 us (docs/perf_model.md).
+    # Per sequence in a step (sampling, bookkeeping). 0 in the catalogue (fitted to the published points
+    # it is ~69 us, docs/perf_model.md); a CPU calibration (`pearl.perf.calibrate`, sum form) fits it.
     seq_overhead_s: float = 0.0
     allreduce_latency_s: float = 7.16e-6  # per ring hop of an all-reduce (2(tp-1) hops each)
     kv_eff: float = 0.652  # KV-read rate relative to weight reads
