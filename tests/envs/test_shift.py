@@ -17,6 +17,14 @@ def test_observations_grow_after_shift_after_episodes_and_the_game_is_unchanged(
     assert len(a.observation) > len(b.observation) + 300  # every later turn's observation too
 
 
+def test_observations_may_shrink_instead():
+    envs = [load_env("gridworld-shift", shift_after=1, pad=0, pad_before=500, run="unit-d") for _ in range(2)]
+    plain = load_env("gridworld").reset(0)
+    first, second = envs[0].reset(0), envs[1].reset(0)
+    assert len(first) >= len(plain) + 500 and first.endswith(plain)
+    assert second == plain
+
+
 def test_each_run_key_has_its_own_clock():
     load_env("gridworld-shift", shift_after=1, run="unit-b").reset(0)
     other = load_env("gridworld-shift", shift_after=1, pad=50, run="unit-c")
@@ -27,3 +35,5 @@ def test_bad_arguments_are_one_line_config_errors():
     with pytest.raises(ConfigError) as e:
         load_env("gridworld-shift", shift_after=-1)
     assert "shift_after" in str(e.value) and "\n" not in str(e.value)
+    with pytest.raises(ConfigError, match="pad_before must be in"):
+        load_env("gridworld-shift", pad_before=-5)

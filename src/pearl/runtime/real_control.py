@@ -54,6 +54,7 @@ class RealControl:
         self.threads = threads
         self.clock = clock or WallClock()
         self.state = ClusterState(check=False)
+        self._served: Any = None  # the last layout shape that had a worker serving (layout_label)
         n = len(agent.engines)
         self.rollout = [self.state.add_device(0.0, Pool.ROLLOUT, node=0) for _ in range(n)]
         self.train_device = self.state.add_device(0.0, Pool.TRAIN, node=0)
@@ -268,6 +269,15 @@ class RealControl:
         self.driver.event(DevicesRemoved(tuple(live)))
 
     # ------------------------------------------------------------------ results
+    def layout_label(self) -> str:
+        """The layout serving now; mid-switch (every worker stopped, the next not yet started) the last
+        one that served, marked, rather than an empty "colocated×0"."""
+        shape = self.state.shape()
+        if shape.n_mixed + shape.n_prefill + shape.n_decode == 0 and self._served is not None:
+            return f"{self._served} (switching)"
+        self._served = shape
+        return str(shape)
+
     def summary(self) -> dict[str, Any]:
         d = self.driver.decisions
         return {"policy": self.driver.name, "ticks": self.driver.ticks, "decisions": len(d),
