@@ -4,10 +4,11 @@ trajectories (`policy.controller.estimate`, a small window refreshed often so a 
 shift) and re-predicts every candidate layout; the decision records in summary.json show what it
 believed and predicted at each tick.
 
-What this does NOT show (measured, docs/results.md "Workload shift in a real run"): a layout switch
-after the shift. On the CPU profile with tensor-parallel-1 workers, colocated is predicted best for
-every workload shape tried (2-4 workers; one-token to 512-token responses, 40- to 2000-token
-observations; benchmarks/cpu_layout_shift.py: 0 of 27 shapes), so a correct controller keeps it; the pure-controller switch on a shift is
+On the tiny model with tensor-parallel-1 workers colocated stays best for every shape tried
+(benchmarks/cpu_layout_shift.py: 0 of 27 shapes), so the first test shows no switch. With tp 2
+offered (`policy.tps: [1, 2]`) the best layout does depend on the turn shape on this CPU, and the
+slow test shows the switch after a shift in a real SmolLM2 run (docs/results.md, "Workload shift in
+a real run"); the pure-controller switch on a shift is
 tests/control/test_estimate.py::test_a_workload_shift_changes_the_prediction_and_the_layout."""
 import json
 
