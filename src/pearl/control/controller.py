@@ -199,7 +199,7 @@ class Controller(Lending):
     def _repredict(self) -> None:
         """Re-predict every shape predicted so far; the refit's ratios (measured / predicted) are
         carried over to the new predictions, so what was measured stays."""
-        old = {sh: p.tokens_per_s for sh, p in self._preds.items() if self.refit.ratios.get(sh) is not None}
+        old = {sh: p.tokens_per_s for sh, p in self._preds.items() if self.refit.seen(sh)}
         self.reps = prepare(self.workload.stats, self.batch, self.k.predict_reps, self.k.predict_events)
         self._preds.clear()
         self._scored.clear()
