@@ -82,8 +82,7 @@ class _Coeffs:
 def _step(c, B, ctx, P=None, A=None, parts: bool = False):
     """Vectorised `PerfModel.step_time` (B may be fractional: a mean batch); P, A: prefill tokens and
     attention work (None: a decode step, B > 0); with `parts`, also whether it is memory-bound."""
-    tokens = B if P is None else B + P
-    sampled = B if P is None else B + (np.asarray(P, float) > 0)
+    tokens, sampled = (B, B) if P is None else (B + P, B + (np.asarray(P, float) > 0))
     flops = c.a_tok * tokens + c.a_lm * B + c.a_pair * ctx
     nbytes = c.b_static + c.b_tok * tokens + c.b_kv * ctx + c.b_exp * c.n_exp * -np.expm1(tokens * c.log_miss)
     if P is not None:  # prefill chunks: their attention, their KV reads and one sampled position

@@ -58,14 +58,13 @@ class ThroughputRefit:
         if seconds < self.min_seconds or tokens <= 0:  # too short to count alone: carried over
             self._pending[shape] = (tokens, predicted, seconds)
             return
-        predicted_tokens_per_s = predicted / seconds
         r = self.ratios.get(shape)
         if r is None:
-            self.ratios[shape] = _Ratio(tokens, predicted_tokens_per_s * seconds, seconds, 1)
+            self.ratios[shape] = _Ratio(tokens, predicted, seconds, 1)
         else:
             fade = 0.5 ** (seconds / self.half_life_s)
             r.tokens = r.tokens * fade + tokens
-            r.predicted = r.predicted * fade + predicted_tokens_per_s * seconds
+            r.predicted = r.predicted * fade + predicted
             r.seconds += seconds
             r.samples += 1
         if self.measured(shape):

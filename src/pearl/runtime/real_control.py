@@ -273,7 +273,7 @@ class RealControl:
         """The layout serving now; mid-switch (every worker stopped, the next not yet started) the last
         one that served, marked, rather than an empty "colocated×0"."""
         shape = self.state.shape()
-        if shape.n_mixed + shape.n_prefill + shape.n_decode == 0 and self._served is not None:
+        if shape.n_workers == 0 and self._served is not None:
             return f"{self._served} (switching)"
         self._served = shape
         return str(shape)
