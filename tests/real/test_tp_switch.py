@@ -16,7 +16,7 @@ pytest.importorskip("transformers")
 
 
 def scale_two_threads(monkeypatch, factor: float) -> None:
-    """The run's calibrated 2-thread model made `factor` times as efficient (compute, bandwidth, overhead)."""
+    """The run's calibrated 2-thread model made `factor` times as efficient (compute, bandwidth, per-step and per-sequence overheads)."""
     import pearl.runtime.real_layout as rl
 
     real_model = rl._perf_model
@@ -25,7 +25,8 @@ def scale_two_threads(monkeypatch, factor: float) -> None:
         pm, src = real_model(cfg, loaded, threads)
         c = pm.coeffs
         return (pm.with_coeffs(replace(c, mfu=c.mfu * factor, bw_eff=min(1.0, c.bw_eff * factor),
-                                       step_overhead_s=c.step_overhead_s / factor))
+                                       step_overhead_s=c.step_overhead_s / factor,
+                                       seq_overhead_s=c.seq_overhead_s / factor))
                 if threads > 1 else pm), src
 
     monkeypatch.setattr(rl, "_perf_model", scaled)
