@@ -36,3 +36,16 @@ def unfinished_trajectories(sim) -> set[str]:
             elif isinstance(a, Request):
                 ids.add(a.meta.id)
     return ids
+
+
+def default_cpu_profile(path) -> str:
+    """A saved tiny-model profile with the cpu hardware's default coefficients, for tests that assert a
+    controller decision on a real run: with it the prediction does not rest on a calibration taken while
+    other tests load the machine (under CI's load 1P:1D's predicted loss once fell under the "clear"
+    band, and the streak it then needed outlasted the ~1.5 s run: 2026-12-05)."""
+    from pearl.perf.hardware import get_hardware
+    from pearl.perf.profile import Profile, save_profile
+    from pearl.perf.roofline import PerfCoeffs
+
+    coeffs = PerfCoeffs().resolved(get_hardware("cpu"))
+    return str(save_profile(Profile("tiny", "cpu", 1, coeffs, "2026-12-06T00:00:00+00:00", 0, 0.0), path))

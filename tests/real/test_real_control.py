@@ -9,12 +9,10 @@ from rich.console import Console
 
 from pearl.control.staleness import StalenessGate
 from pearl.errors import ConfigError
-from pearl.perf.hardware import get_hardware
-from pearl.perf.profile import Profile, save_profile
-from pearl.perf.roofline import PerfCoeffs
 from pearl.runtime.real import split_batch
 from pearl.runtime.train_config import load_train_config
 from pearl.runtime.training import run_training
+from tests.helpers import default_cpu_profile
 
 pytest.importorskip("transformers")
 
@@ -42,18 +40,11 @@ def test_two_workers_tick_the_controller_and_save_every_decision(tmp_path):
     _books_balance(s)
 
 
-def _default_profile(path):
-    """A saved profile with the cpu defaults: the controller's model does not depend on a calibration
-    taken while other tests load the machine (there, 1P:1D's predicted loss fell under the "clear" band
-    and the streak it then needs outlasted the ~1.5 s run: CI, 2026-12-05)."""
-    return str(save_profile(Profile("tiny", "cpu", 1, PerfCoeffs().resolved(get_hardware("cpu")), "2026-12-06T00:00:00+00:00", 0, 0.0), path))
-
-
 def test_a_worse_start_is_switched_for_real_and_nothing_is_lost(tmp_path):
     # 1P:1D is predicted slower than two colocated workers for gridworld's one-token turns (by 20-46%
     # on the defaults or a calibration); one tick that sees it switches (the run lasts 2-3 ticks)
     run = tmp_path / "run"
-    s = _run(run, layout="1P:1D", profile=_default_profile(tmp_path / "tiny.json"),
+    s = _run(run, layout="1P:1D", profile=default_cpu_profile(tmp_path / "tiny.json"),
              policy={**FAST["policy"], "controller": {"confirm": 1}})
     switched = [d for d in s["decisions"] if d["switch"]]
     assert switched, [d["reason"] for d in s["decisions"]]
@@ -141,8 +132,8 @@ def test_the_trainers_device_is_lent_while_it_waits_and_back_before_it_trains(tm
 
 @pytest.mark.parametrize("tp2_eff", [3.0, 0.05])
 def test_a_lent_core_serves_as_a_second_thread_or_a_second_worker_as_predicted(tmp_path, monkeypatch, tp2_eff):
-    """Both ways of lending the trainer's core, each taken when the calibrated models say it is faster
-    (the two-thread model's efficiency is scaled to force each way: the mechanism is under test)."""
+    """Both ways of lending the trainer's core, each taken when the models say it is faster
+    (the cpu defaults, the two-thread model's efficiency scaled to force each way: the mechanism is under test)."""
     from tests.real.test_tp_switch import scale_two_threads
 
     scale_two_threads(monkeypatch, tp2_eff)
