@@ -15,7 +15,7 @@ import pytest
 from rich.console import Console
 
 from pearl.runtime.training import run_training
-from tests.helpers import default_cpu_profile
+from tests.helpers import tiny_cpu_profile
 
 pytest.importorskip("transformers")
 ray = pytest.importorskip("ray")
@@ -85,7 +85,7 @@ def killer(tmp_path, after_steps, pick, killed, delay_s=0.0):
 
 def test_ray_worse_start_is_switched_for_real_and_nothing_is_lost(local_ray, tmp_path, tmp_path_factory):
     # on a saved profile and with one tick enough, as in tests/real/test_real_control.py
-    s = run(tmp_path, layout="1P:1D", max_steps=4, profile=default_cpu_profile(tmp_path_factory.mktemp("p") / "t.json"),
+    s = run(tmp_path, layout="1P:1D", max_steps=4, profile=tiny_cpu_profile(tmp_path_factory.mktemp("p") / "t.json"),
             policy={**FAST["policy"], "controller": {"confirm": 1}})
     s["_dir"] = tmp_path
     switched = [d for d in s["decisions"] if d["switch"]]

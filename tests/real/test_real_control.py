@@ -12,7 +12,7 @@ from pearl.errors import ConfigError
 from pearl.runtime.real import split_batch
 from pearl.runtime.train_config import load_train_config
 from pearl.runtime.training import run_training
-from tests.helpers import default_cpu_profile
+from tests.helpers import tiny_cpu_profile
 
 pytest.importorskip("transformers")
 
@@ -44,7 +44,7 @@ def test_a_worse_start_is_switched_for_real_and_nothing_is_lost(tmp_path):
     # 1P:1D is predicted slower than two colocated workers for gridworld's one-token turns (by 20-46%
     # on the defaults or a calibration); one tick that sees it switches (the run lasts 2-3 ticks)
     run = tmp_path / "run"
-    s = _run(run, layout="1P:1D", profile=default_cpu_profile(tmp_path / "tiny.json"),
+    s = _run(run, layout="1P:1D", profile=tiny_cpu_profile(tmp_path / "tiny.json"),
              policy={**FAST["policy"], "controller": {"confirm": 1}})
     switched = [d for d in s["decisions"] if d["switch"]]
     assert switched, [d["reason"] for d in s["decisions"]]
