@@ -3,6 +3,11 @@ from __future__ import annotations
 
 import contextlib
 import signal
+from dataclasses import replace
+
+from pearl.perf.hardware import get_hardware
+from pearl.perf.profile import Profile, save_profile
+from pearl.perf.roofline import PerfCoeffs, PerfModel
 
 
 @contextlib.contextmanager
@@ -38,32 +43,25 @@ def unfinished_trajectories(sim) -> set[str]:
     return ids
 
 
-
 # The tiny model's engine on one thread as `calibrate_engine("tiny")` fitted it on this machine, unloaded
 # (2026-12-06: 68 step shapes, rmse 0.21 ms), for tests that assert a controller decision on a real run:
 # with it the prediction does not rest on a calibration taken while other tests load the machine (under
 # CI's load 1P:1D's predicted loss once fell under the "clear" band, and the streak it then needed
 # outlasted the ~1.5 s run: 2026-12-05).
-TINY_CPU_COEFFS = dict(mfu=0.347, bw_eff=0.249, step_overhead_s=0.000354, seq_overhead_s=0.0, combine="sum")
+TINY_CPU_COEFFS = PerfCoeffs(mfu=0.347, bw_eff=0.249, step_overhead_s=0.000354, seq_overhead_s=0.0, combine="sum")
 
 
-def tiny_cpu_model(loaded, model_name: str, threads: int = 1, factor: float = 1.0):
+def tiny_cpu_model(loaded, model_name: str, threads: int = 1, factor: float = 1.0) -> PerfModel:
     """The tiny engine's model at `threads` from TINY_CPU_COEFFS, `factor` times as efficient (compute,
     bandwidth, per-step and per-sequence overheads)."""
-    from pearl.perf.hardware import get_hardware
-    from pearl.perf.roofline import PerfCoeffs, PerfModel
     from pearl.real.profiling import model_shape
 
-    c = dict(TINY_CPU_COEFFS)
-    c = PerfCoeffs(**{**c, "mfu": c["mfu"] * factor, "bw_eff": min(1.0, c["bw_eff"] * factor),
-                      "step_overhead_s": c["step_overhead_s"] / factor, "seq_overhead_s": c["seq_overhead_s"] / factor})
+    c = TINY_CPU_COEFFS
+    c = replace(c, mfu=c.mfu * factor, bw_eff=min(1.0, c.bw_eff * factor), step_overhead_s=c.step_overhead_s / factor,
+                seq_overhead_s=c.seq_overhead_s / factor)
     return PerfModel(model_shape(loaded.config, model_name), get_hardware("cpu"), threads, c)
 
 
 def tiny_cpu_profile(path) -> str:
     """TINY_CPU_COEFFS saved as a profile (`profile:` in a train config)."""
-    from pearl.perf.profile import Profile, save_profile
-    from pearl.perf.roofline import PerfCoeffs
-
-    return str(save_profile(Profile("tiny", "cpu", 1, PerfCoeffs(**TINY_CPU_COEFFS), "2026-12-06T01:31:55+00:00",
-                                    68, 0.00021), path))
+    return str(save_profile(Profile("tiny", "cpu", 1, TINY_CPU_COEFFS, "2026-12-06T01:31:55+00:00", 68, 0.00021), path))

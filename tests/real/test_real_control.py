@@ -41,8 +41,8 @@ def test_two_workers_tick_the_controller_and_save_every_decision(tmp_path):
 
 
 def test_a_worse_start_is_switched_for_real_and_nothing_is_lost(tmp_path):
-    # 1P:1D is predicted slower than two colocated workers for gridworld's one-token turns (by 20-46%
-    # on the defaults or a calibration); one tick that sees it switches (the run lasts 2-3 ticks)
+    # 1P:1D is predicted slower than two colocated workers for gridworld's one-token turns (by 30-41%
+    # on the recorded calibration, 2026-12-06); one tick that sees it switches (the run lasts 2-3 ticks)
     run = tmp_path / "run"
     s = _run(run, layout="1P:1D", profile=tiny_cpu_profile(tmp_path / "tiny.json"),
              policy={**FAST["policy"], "controller": {"confirm": 1}})
@@ -133,7 +133,7 @@ def test_the_trainers_device_is_lent_while_it_waits_and_back_before_it_trains(tm
 @pytest.mark.parametrize("tp2_eff", [3.0, 0.05])
 def test_a_lent_core_serves_as_a_second_thread_or_a_second_worker_as_predicted(tmp_path, monkeypatch, tp2_eff):
     """Both ways of lending the trainer's core, each taken when the models say it is faster
-    (the cpu defaults, the two-thread model's efficiency scaled to force each way: the mechanism is under test)."""
+    (a recorded calibration, the two-thread model's efficiency scaled to force each way: the mechanism is under test)."""
     from tests.real.test_tp_switch import scale_two_threads
 
     scale_two_threads(monkeypatch, tp2_eff)
