@@ -20,7 +20,11 @@ run's throughput is over its steady state (trajectories of steps 2..N over the t
 step 1 to the end of step N: model loading and calibration excluded). Prints every run, each seed's
 paired ratio, the trainer's worst wait for its device, and, last, the ratio of the medians.
 
+With `--backend ray` the worker is a Ray actor on the local Ray instance each run starts; the lent
+core can only be its second torch thread there (an actor takes seconds to start).
+
     .venv/bin/python benchmarks/real_borrow.py [--steps 4] [--staleness 0] [--repeats 3] [--prompts 2]
+                                               [--backend local|ray]
 """
 from __future__ import annotations
 
@@ -36,14 +40,15 @@ from tempfile import TemporaryDirectory
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def run(borrow: bool, steps: int, staleness: int, seed: int, prompts: int = 2) -> dict:
+def run(borrow: bool, steps: int, staleness: int, seed: int, prompts: int = 2, backend: str = "local") -> dict:
     """One `pearl train` in its own process (as a user runs it: nothing carried over between runs)."""
     with TemporaryDirectory() as d:
         out = Path(d) / "run"
         cmd = [sys.executable, "-m", "pearl.cli", "train", str(ROOT / "configs" / "smollm2-calculator.yaml"),
                "--set", f"max_steps={steps}", "--set", f"staleness={staleness}", "--set", f"seed={seed}",
                "--set", f"prompts_per_step={prompts}",
-               "--set", f"policy.borrow={'true' if borrow else 'false'}", "--out", str(out)]
+               "--set", f"policy.borrow={'true' if borrow else 'false'}", "--set", f"backend={backend}",
+               "--out", str(out)]
         env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
         subprocess.run(cmd, check=True, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         s = json.loads((out / "summary.json").read_text())
@@ -63,13 +68,15 @@ if __name__ == "__main__":
     ap.add_argument("--staleness", type=int, default=0, help="η (0: synchronous, the trainer idles most)")
     ap.add_argument("--repeats", type=int, default=3, help="runs per arm; repeat i uses seed i")
     ap.add_argument("--prompts", type=int, default=2, help="prompts per step (x 4 trajectories each)")
+    ap.add_argument("--backend", choices=("local", "ray"), default="local",
+                    help="ray: the worker is a Ray actor (local instance), lent the core as a second thread")
     a = ap.parse_args()
     runs: dict[str, list[dict]] = {"fixed": [], "pearl": []}
     print(f"smollm2-135m calculator, {a.steps} steps x {a.prompts} x 4 trajectories, η={a.staleness}, "
-          f"1 rollout worker, 2 cores, {a.repeats} runs each (seeds 0..{a.repeats - 1}), alternating", flush=True)
+          f"1 rollout worker ({a.backend}), 2 cores, {a.repeats} runs each (seeds 0..{a.repeats - 1}), alternating", flush=True)
     for i in range(a.repeats):
         for name in ("fixed", "pearl"):
-            r = run(name == "pearl", a.steps, a.staleness, seed=i, prompts=a.prompts)
+            r = run(name == "pearl", a.steps, a.staleness, seed=i, prompts=a.prompts, backend=a.backend)
             runs[name].append(r)
             print(f"  {name} seed {i}: {r['per_s']:.3f} trajectories/s (steady state), {r['lends']} lends, "
                   f"rollout {r['rollout_s']:.1f} s + training {r['train_s']:.1f} s, rewards {r['rewards']}, "

@@ -172,6 +172,8 @@ CASES: list[tuple[str, str, str | bytes, tuple[str, ...]]] = [
     ("train-micro-batch-bool", "train", "trainer: {micro_batch_size: yes}\n",
      ("'trainer.micro_batch_size' = True",)),
     ("train-unknown-backend", "train", "backend: mpi\n", ("'backend' = 'mpi'",)),
+    ("train-borrow-joined-ray", "train", "backend: ray\nray_address: auto\npolicy: {borrow: true}\n",
+     ("policy.borrow on backend ray", "needs the local Ray instance, not the cluster at 'auto'")),
     ("train-dtype-fp16", "train", "dtype: float16\n", ("'dtype' = 'float16'", "'float32' or 'bfloat16'")),
     ("train-engine-dtype", "train", "engine: {dtype: half}\n", ("'engine.dtype' = 'half'",)),
     ("train-threads-zero", "train", "threads: {trainer: 0}\n", ("'threads.trainer' = 0",)),

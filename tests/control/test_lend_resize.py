@@ -24,7 +24,7 @@ from pearl.workloads import TrajectorySpec
 ROLL, TRAIN = 0, 1
 
 
-def _controller(tp2_eff: float, live_resize: bool = True):
+def _controller(tp2_eff: float, live_resize: bool = True, lend_starts: bool = True):
     """A controller for one rollout worker (device 0) and the trainer's device (1); the tp-2 model
     (two cores) computes at `tp2_eff` of the tp-1 model's efficiency per core."""
     shape, hw = get_model("tiny"), get_hardware("cpu")
@@ -41,7 +41,8 @@ def _controller(tp2_eff: float, live_resize: bool = True):
     spec = TrajectorySpec(0, 0, 200, (64,) * 2, (50,), (0.0, 0.0))
     setting = ControlSetting(perf_for=perf_for, engine=EngineConfig(tp=1, max_num_seqs=16, max_batched_tokens=512),
                              stats=WorkloadStats.from_samples([spec]), batch_size=8, staleness=0, devices_per_node=1,
-                             num_kv_heads=shape.num_kv_heads, group_size=4, live_resize=live_resize)
+                             num_kv_heads=shape.num_kv_heads, group_size=4, live_resize=live_resize,
+                             lend_starts=lend_starts)
     policy = PolicyConfig(name="pearl", borrow=True, controller={"lend_gain_factor": 0.0})
     return make_controller(policy, setting)
 
@@ -77,3 +78,18 @@ def test_a_new_worker_takes_the_lent_device_when_a_wider_one_is_not_faster_or_no
     assert d.borrow and ("as colocated×2 (" in d.reason and "not colocated×1@tp2 (" in d.reason) == live_resize, \
         d.reason
     assert [type(a) for a in eff.actions] == [Lend, Start] and eff.actions[1].devices == (TRAIN,)
+
+
+@pytest.mark.parametrize("tp2_eff, live_resize, rule", [(3.0, True, "lend"), (0.5, True, "no-gain"),
+                                                        (3.0, False, "no-start")])
+def test_where_no_worker_may_start_on_a_lent_device_only_a_live_worker_takes_it(tp2_eff, live_resize, rule):
+    """`lend_starts` off (the Ray backend: an actor takes seconds to start, a lend lasts less): the lent
+    device joins the live worker if that is predicted faster; otherwise nothing is lent, and the
+    decision says why. Never a Start."""
+    ctl = _controller(tp2_eff, live_resize, lend_starts=False)
+    eff = ctl.on_event(TrainerIdle(), _obs(10.0, (ROLL,), lent=False))
+    (d,) = [d for d in eff.decisions if d.kind == "borrow"]
+    assert d.rule == rule and d.borrow == (rule == "lend"), d.reason
+    assert [type(a) for a in eff.actions] == ([Lend, Resize] if rule == "lend" else [])
+    if rule == "no-start":
+        assert "starts no worker on one" in d.reason

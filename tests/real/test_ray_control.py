@@ -97,6 +97,36 @@ def test_ray_worse_start_is_switched_for_real_and_nothing_is_lost(local_ray, tmp
     books_balance(s)
 
 
+@pytest.mark.parametrize("tp2_eff", [3.0, 0.05])
+def test_ray_the_trainers_core_is_lent_to_the_live_actor_as_a_second_thread(local_ray, tmp_path, monkeypatch,
+                                                                              tp2_eff):
+    """`policy.borrow` on Ray: while the trainer waits, its core becomes a second torch thread of the live
+    actor, and is handed back before the trainer computes; never a new actor (one takes seconds to
+    start, far longer than the trainer idles). Where two threads are predicted slower, nothing is lent.
+    (A recorded calibration, the two-thread model scaled to force each way: the mechanism is under test.)"""
+    from tests.real.test_tp_switch import scale_two_threads
+
+    scale_two_threads(monkeypatch, tp2_eff)
+    s = run(tmp_path, rollout_workers=1, max_steps=4,
+            env={"name": "tests.real.test_real_control:SlowTurns", "kwargs": {}, "use_system_prompt": False},
+            policy={"borrow": True, "decision_interval_s": 0.5, "controller": {"lend_gain_factor": 0.0}})
+    s["_dir"] = tmp_path
+    borrow = [d for d in s["decisions"] if d["kind"] == "borrow"]
+    lends = [d for d in borrow if d["rule"] == "lend"]
+    assert s["controller"]["workers_started"] == 1  # no actor was started on the trainer's core
+    if tp2_eff > 1:
+        assert lends, [d["reason"] for d in borrow]
+        assert all("as colocated×1@tp2 (" in d["reason"] for d in lends), lends[0]["reason"]
+        assert any(d["trigger"] == "borrowed devices returned" for d in s["decisions"])
+        assert s["engine_steps_by_threads"].get(2, 0) > 0 and s["engine_steps_by_threads"].get(1, 0) > 0
+    else:
+        assert borrow and not lends, [d["reason"] for d in lends]
+        assert set(s["engine_steps_by_threads"]) == {1}
+    assert s["trainer_device_wait_max_s"] < 5.0  # policy.return_bound_s
+    assert s["steps"] == 4 and s["trajectories"]["failed"] == 0 and s["ray_workers_lost"] == 0
+    books_balance(s)
+
+
 def test_ray_engine_process_killed_mid_run_completes(local_ray, tmp_path):
     killed = []
     t = killer(tmp_path, 1, random.Random(0).choice, killed)

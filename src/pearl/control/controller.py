@@ -62,6 +62,7 @@ class ControlSetting:
     group_size: int = 1  # trajectories admitted together (one prompt's samples): a cap is never below it
     max_concurrent: int | None = None  # the configured cap on trajectories in flight (None: none)
     live_resize: bool = False  # a worker can take a lent device and give it back without a restart (Resize)
+    lend_starts: bool = True  # a lent device may host a new worker (off: a Ray actor starts far slower than a lend lasts)
 
 
 class Controller(Lending):

@@ -8,7 +8,8 @@ predictions and bookkeeping):
   the trainer's devices until then pays (a policy without a cost model lends at once), then lend
   them and start workers on them in the role that gains most, or, where the runtime can resize a
   live worker (`pearl train`'s local engines: a lent core becomes a second intra-op thread), let the
-  live workers take them if that is predicted faster (`_lend_gain`);
+  live workers take them if that is predicted faster (`_lend_gain`); where a start takes longer than a
+  lend lasts (`ControlSetting.lend_starts` off: the Ray backend's actors), only the latter, or no lend;
 - `_return` (on `TrainerNeedsDevices`): stop the lent workers one at a time (their requests migrate)
   or shrink the workers that took a lent device back to their own, then reclaim the devices and
   re-decide the remaining layout;
@@ -101,6 +102,12 @@ class Lending:
         wide, how = None, ""
         if self.cost_model:
             gain, role, wide, how = self._lend_gain(obs, len(devs))
+            if wide is None and not self.setting.lend_starts:
+                eff.decisions.append(Decision(
+                    t=t, trigger=trigger, kind="borrow", switch=False, rule="no-start", borrow=False,
+                    reason="no-start: no live worker can take the lent devices as more threads, and this runtime "
+                           f"starts no worker on one (a new worker would start long after the trainer needs it){how}"))
+                return eff
             start = 0.0 if wide else self.k.wake_s  # a resize loads nothing
             ret_cost = self.costs.stop_s + self.costs.migrate_request_s * self.k.return_requests
             v = self.borrower.should_lend(t, idle_until, len(devs), gain, start, ret_cost)
@@ -110,6 +117,8 @@ class Lending:
             if not v.lend:
                 return eff
             deadline = v.deadline
+        elif not self.setting.lend_starts:  # (no model to say whether a live worker can take them)
+            return eff
         else:
             deadline, role = max(idle_until, t + 1.0), Role.MIXED
         self._changes += 1
@@ -161,7 +170,7 @@ class Lending:
             return max(0.0, gains[role]) / max(1, n), role, None, ""
         g_wide = (base - preds[-1].completion_s) / base
         ways = [f"{wide} ({preds[-1].completion_s:.4g} s)", f"{options[role]} ({base * (1 - gains[role]):.4g} s)"]
-        use = round(g_wide, 3) >= round(gains[role], 3)
+        use = round(g_wide, 3) >= round(gains[role], 3) or not self.setting.lend_starts
         how = f"; as {ways[not use]}, not {ways[use]}; now {cur} ({base:.4g} s)"
         if use:
             return max(0.0, g_wide) / n, Role.MIXED, live, how

@@ -221,6 +221,8 @@ class TorchEngine:
         dt = time.perf_counter() - t0
         st = self.stats
         st.steps += 1
+        n = torch.get_num_threads()
+        st.steps_by_threads[n] = st.steps_by_threads.get(n, 0) + 1
         st.busy_s += dt
         st.cpu_s += time.thread_time() - c0
         st.tokens_decoded += batch.n_decode

@@ -86,6 +86,7 @@ class EngineStats:
     evictions: int = 0  # sessions whose retained KV was evicted to make room (their next turn recomputes)
     kv_imports_dropped: int = 0  # KV handed in (hand-off, migration) with no room for it: recomputed here
     step_log: list[tuple[int, int, int, float]] = field(default_factory=list)  # (n_decode, ctx, prefill, s)
+    steps_by_threads: dict[int, int] = field(default_factory=dict)  # torch threads -> steps computed with them
 
 
 @runtime_checkable

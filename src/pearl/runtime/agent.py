@@ -30,7 +30,7 @@ import itertools
 import re
 import threading
 import time
-from collections import deque
+from collections import Counter, deque
 from concurrent import futures as cf
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -370,7 +370,8 @@ class AgentLoop(Routing):
                 "tokens_prefilled": sum(x.tokens_prefilled for x in s),
                 "tokens_decoded": sum(x.tokens_decoded for x in s),
                 "tokens_reused": sum(x.tokens_reused for x in s),
-                "kv_imports_dropped": sum(getattr(x, "kv_imports_dropped", 0) for x in s)}
+                "kv_imports_dropped": sum(getattr(x, "kv_imports_dropped", 0) for x in s),
+                "engine_steps_by_threads": dict(sum((Counter(getattr(x, "steps_by_threads", {})) for x in s), Counter()))}
 
 
 def _outcome(fn: Callable[[Any], Any], arg: Any) -> tuple[Any, str | None]:
@@ -381,7 +382,6 @@ def _outcome(fn: Callable[[Any], Any], arg: Any) -> tuple[Any, str | None]:
         return None, str(err)
     except Exception as err:  # EnvRunner wraps the env's own errors; anything else is still this trajectory's
         return None, f"environment call raised {type(err).__name__}: {one_line(str(err))}"
-
 
 
 def _as_spec(ep: Episode, index: int) -> TrajectorySpec:

@@ -73,6 +73,10 @@ class RayBackend:
         self.started = False
         self.actors: list[Any] = []
         self.address = getattr(cfg, "ray_address", None) or os.environ.get("RAY_ADDRESS") or None
+        if self.address and getattr(cfg.policy, "borrow", False):  # (ray_address itself: refused by the config)
+            from pearl.runtime.train_config import borrow_needs_local_ray
+
+            raise PearlError(borrow_needs_local_ray(self.address))
         if not ray.is_initialized():
             self._connect()
         try:
@@ -105,7 +109,8 @@ class RayBackend:
         actor = self.cls.options(**opts).remote(self.cfg.model, ref, role, self.settings, self.cfg.seed + idx,
                                                 idx, version)
         self.actors.append(actor)
-        return EngineProxy(actor, self.tokenizer, role, idx, version, ready_ref=actor.ready.remote())
+        return EngineProxy(actor, self.tokenizer, role, idx, version, ready_ref=actor.ready.remote(),
+                           threads=self.settings["num_threads"])
 
     def _connect(self) -> None:
         """Join the cluster at `self.address`, no resource arguments; else start a local instance."""

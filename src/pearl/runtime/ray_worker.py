@@ -3,11 +3,13 @@
 - `EngineWorker` holds one `TorchEngine` built from the model name plus weights (the driver's initial
   ones, or the newest snapshot's object-store ref with its version for a worker started mid-run), so a
   worker may live on any machine of the Ray cluster. One torch thread: it is placed on one CPU slot
-  (`num_cpus=1`, or one `pearl_elastic` unit on an elastic node).
+  (`num_cpus=1`, or one `pearl_elastic` unit on an elastic node); two while it holds the trainer's
+  lent core (`set_threads`).
 - `EngineProxy` stands in for a `TorchEngine` in the driver: the same methods the agent loop calls,
   each a `.remote()` call + `ray.get`. It keeps locally what the hot path reads (role, weights'
   version, has_work) and which sessions have a request on the worker now (`sessions`), so a worker
-  that dies is known to have taken exactly those turns with it.
+  that dies is known to have taken exactly those turns with it. Setting `num_threads` resizes the
+  actor (borrowing: the trainer's lent core as a second torch thread of an actor on its host).
 """
 from __future__ import annotations
 
@@ -66,6 +68,10 @@ class EngineWorker:
         self.engine.update_weights(state_dict, version)
         return version
 
+    def set_threads(self, n: int) -> None:
+        """Compute with `n` torch threads from the next step (the trainer's lent core joins, or leaves)."""
+        self.engine.num_threads = n
+
     def drop_if_held(self, session: str) -> None:
         # Sent without waiting for a reply, so it must never raise on a session that is not here.
         if self.engine.holds(session):
@@ -84,8 +90,10 @@ class EngineWorker:
 class EngineProxy:
     """A TorchEngine look-alike in the driver that forwards to an `EngineWorker` actor."""
 
-    def __init__(self, actor: Any, tokenizer: Any, role: str, wid: int, version: int = 0, ready_ref: Any = None):
+    def __init__(self, actor: Any, tokenizer: Any, role: str, wid: int, version: int = 0, ready_ref: Any = None,
+                 threads: int = 1):
         self.actor, self.tokenizer, self.role, self.wid = actor, tokenizer, Role(role), wid
+        self._threads = threads  # the actor's torch threads (`num_threads`)
         self.version = version  # of the last weights pushed: tokens sampled from now on carry it
         self.ready_ref = ready_ref  # pending while the actor starts (None: ready)
         self.pid: int | None = None
@@ -123,6 +131,18 @@ class EngineProxy:
         """`state_dict` may be an ObjectRef (put once, shared by all actors) or a dict."""
         ray.get(self.actor.update_weights.remote(state_dict, version))
         self.version = version
+
+    @property
+    def num_threads(self) -> int:
+        return self._threads
+
+    @num_threads.setter
+    def num_threads(self, n: int) -> None:
+        """Sent without waiting: it holds from the actor's next step (an actor runs its calls in order,
+        and it is not stepping now: the loop resizes between steps). A dead actor's next step finds it."""
+        self._threads = n
+        if self.actor is not None:
+            self.actor.set_threads.remote(n)
 
     def drop_session(self, session: str) -> None:
         self.sessions.discard(session)

@@ -95,8 +95,7 @@ class Run:
                               f"{type(err).__name__}: {one_line(str(err))}") from None
         check_memory(cfg.model, cfg.rollout_workers)
         th = cfg.threads
-        self.threads = plan_threads(host_cores(), cfg.rollout_workers if cfg.backend == "local" else 0,
-                                    th.trainer, th.engine, th.interop)
+        self.threads = plan_threads(host_cores(), cfg.host_workers, th.trainer, th.engine, th.interop)
         torch.manual_seed(cfg.seed)
         loaded = self.loaded = load_model(cfg.model)
         allowed = self._sampling(probe)
@@ -187,8 +186,9 @@ class Run:
                 return self.backend.start_worker(role, idx, self.agent.latest, node)
             return self._engine(role, idx, share=next((self.agent.engines[i] for i in self.agent.live()), None))
 
-        self.control = RealControl(self.agent, cfg.policy, self.setting, make_engine, self._trainer_obs, gate=self.gate,
-                                   threads=None if self.backend else (self.threads.engine, self.threads.trainer))
+        policy = cfg.policy.model_copy(update={"tps": [1]}) if self.backend else cfg.policy  # actors: tp 1
+        self.control = RealControl(self.agent, policy, self.setting, make_engine, self._trainer_obs, gate=self.gate,
+                                   threads=(self.threads.engine, self.threads.trainer))
         self.control.elastic(cfg.elastic, cfg.seed)
 
     def _post(self, ev: Any, wait: bool) -> float:

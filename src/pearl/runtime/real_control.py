@@ -14,7 +14,8 @@ trainer's events (`TrainerIdle`, `TrainerNeedsDevices`) reach it through `post` 
 the trainer waits until its device is back.
 
 The same actuators drive the Ray backend (`RayAgentLoop`: `make_engine` starts an actor, which takes
-turns once it has started). Elastic devices (pool elastic) come from an availability trace
+turns once it has started; a resize sets a live actor's torch threads, so the trainer's core is lent
+to an actor on its host as a second thread, never to a new actor: one takes seconds to start). Elastic devices (pool elastic) come from an availability trace
 (`elastic_trace`: added, noticed and removed on the wall clock) or from Ray nodes that join and leave
 (`pearl.runtime.ray_elastic`); they reach the controller as `DevicesAdded` / `Notice` /
 `DevicesRemoved`, like the simulator's. A notice stops the workers on those devices with migration
@@ -49,7 +50,8 @@ class RealControl:
         """`agent`: the AgentLoop; `make_engine(role, idx, node)`: a new engine for a start (`node`: the
         Ray node id of the elastic devices it starts on, else None); `trainer()`: the trainer's state now;
         `gate`: the run's staleness gate, whose cap `set_cap` sets; `threads`: the torch threads of a
-        rollout device and of the trainer's (local engines: a worker computes with those of its devices)."""
+        rollout device and of the trainer's (a torch engine, local or a Ray actor, computes with those of
+        its devices)."""
         self.agent, self.make_engine, self.trainer, self.gate = agent, make_engine, trainer, gate
         self.threads = threads
         self.clock = clock or WallClock()
@@ -179,7 +181,7 @@ class RealControl:
         self._set_threads(self.agent.engines[idx], devices)
 
     def _set_threads(self, eng: Any, devices: tuple[int, ...]) -> None:
-        if self.threads is not None and hasattr(eng, "num_threads"):  # (a local torch engine)
+        if self.threads is not None and hasattr(eng, "num_threads"):  # (a torch engine: local, or a Ray actor)
             eng.num_threads = sum(self.threads[d == self.train_device] for d in devices)
 
     def drain(self, worker: int) -> None:

@@ -114,14 +114,15 @@ def control_setting(cfg: TrainConfig, loaded: Any, stats: WorkloadStats,
     from pearl.perf.roofline import PerfModel
     from pearl.real.profiling import model_shape
 
-    # On local torch engines a worker on two devices is one engine with the threads of both (tp 2 is
-    # intra-op threads, no heads sharded). Borrowing: a lent core can be a second thread of the live
-    # worker (`Resize`), weighed against a new worker on it. Two rollout workers: one engine on both
-    # cores against two engines, with `policy.tps: [1, 2]` (`benchmarks/real_tp_choice.py`: which wins
-    # depends on the turn shape).
+    # On torch engines a worker on two devices is one engine with the threads of both (tp 2 is intra-op
+    # threads, no heads sharded). Borrowing: a lent core can be a second thread of a live worker
+    # (`Resize`), weighed against a new worker on it (local engines only: a Ray actor takes seconds to
+    # start, so on Ray the lent core is a second thread of an actor on this host, or not lent). Two local
+    # rollout workers: one engine on both cores against two engines, with `policy.tps: [1, 2]`
+    # (`benchmarks/real_tp_choice.py`: which wins depends on the turn shape).
     local = cfg.backend == "local" and cfg.engine.kind == "torch"
-    resize = cfg.policy.borrow and local
-    threads_tp = local and (resize or (cfg.rollout_workers == 2 and 2 in (cfg.policy.tps or (1, 2))))
+    resize = cfg.policy.borrow and cfg.engine.kind == "torch"
+    threads_tp = resize or (local and cfg.rollout_workers == 2 and 2 in (cfg.policy.tps or (1, 2)))
     if cfg.rollout_workers >= 2 or cfg.profile or resize:
         pm, source = _perf_model(cfg, loaded)
     else:
@@ -148,7 +149,8 @@ def control_setting(cfg: TrainConfig, loaded: Any, stats: WorkloadStats,
     engine = EngineConfig(tp=1, max_num_seqs=cfg.engine.max_num_seqs, max_batched_tokens=cfg.engine.max_batched_tokens)
     setting = ControlSetting(perf_for=perf_for, engine=engine, stats=stats, batch_size=cfg.batch_size,
                              staleness=cfg.staleness, devices_per_node=cfg.rollout_workers,
-                             num_kv_heads=0 if threads_tp else pm.model.num_kv_heads, group_size=cfg.group_size, live_resize=resize)
+                             num_kv_heads=0 if threads_tp else pm.model.num_kv_heads, group_size=cfg.group_size, live_resize=resize,
+                             lend_starts=cfg.backend == "local")  # a Ray actor starts in seconds, a lend lasts less
     return setting, source
 
 

@@ -6,6 +6,7 @@ environment names are checked by `check_names` before anything heavy is loaded.
 """
 from __future__ import annotations
 
+import os
 import re
 from typing import Any, Literal
 
@@ -93,7 +94,8 @@ class TrainPolicy(PolicyConfig):
     horizon_s: float = Field(default=60.0, gt=0, le=MAX_DURATION_S)
     # Lend the trainer's core to rollout while the trainer waits for its batch (`pearl.control.borrowing`):
     # as a second thread of the live worker or to an extra worker, whichever is predicted faster; it is
-    # handed back (the worker shrinks, or stops with its requests migrated) before the next step.
+    # handed back (the worker shrinks, or stops with its requests migrated) before the next step. On
+    # backend ray (its local instance only) a second thread of a live actor: an actor starts in seconds.
     borrow: bool = False
     elastic: bool = False
     # [1, 2] (or None) on local torch engines: two rollout workers may also run as one engine on both
@@ -177,6 +179,13 @@ class TrainConfig(Frozen):
             return v["path"]
         return v
 
+    @property
+    def host_workers(self) -> int:
+        """Rollout workers computing on this host's cores (the thread plan leaves them theirs): all of
+        them on the local backend or Ray's local instance; none as actors of a joined cluster."""
+        joined = self.backend == "ray" and bool(self.ray_address or os.environ.get("RAY_ADDRESS"))
+        return 0 if joined else self.rollout_workers
+
     @model_validator(mode="after")
     def _check(self) -> "TrainConfig":
         if self.layout == "1P:1D" and self.rollout_workers < 2:
@@ -189,8 +198,8 @@ class TrainConfig(Frozen):
                              if p.elastic else "elastic: devices are used only with policy.elastic: true")
         if self.elastic.ray_nodes and self.backend != "ray":
             raise ValueError("elastic.ray_nodes needs backend: ray")
-        if p.borrow and self.backend != "local":
-            raise ValueError("policy.borrow needs backend 'local' (the trainer's slot is not lent to Ray actors)")
+        if p.borrow and self.backend == "ray" and self.ray_address is not None:
+            raise ValueError(borrow_needs_local_ray(self.ray_address))
         threads_tp = self.backend == "local" and self.engine.kind == "torch"
         if p.tps not in (None, [1]) and not (threads_tp and set(p.tps) <= {1, 2}):
             raise ValueError(f"policy.tps {p.tps}: pearl train's CPU workers run at tensor-parallel size 1, "
@@ -238,6 +247,13 @@ def _check_vllm(cfg: "TrainConfig") -> None:
 
 
 _HOST_PORT = re.compile(r"(?:[A-Za-z0-9](?:[A-Za-z0-9.-]{0,252})|\[[0-9A-Fa-f:.]{2,45}\]):([0-9]{1,5})")
+
+
+def borrow_needs_local_ray(addr: str) -> str:
+    """The refusal of `policy.borrow` on a joined Ray cluster (ray_address, or RAY_ADDRESS)."""
+    return (f"policy.borrow on backend ray lends the trainer's core to Ray actors on this host: it needs the "
+            f"local Ray instance, not the cluster at {addr!r} (leave ray_address and RAY_ADDRESS unset, or "
+            "set policy.borrow: false)")
 
 
 def _check_ray_address(addr: str, backend: str) -> None:
