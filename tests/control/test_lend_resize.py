@@ -93,3 +93,20 @@ def test_where_no_worker_may_start_on_a_lent_device_only_a_live_worker_takes_it(
     assert [type(a) for a in eff.actions] == ([Lend, Resize] if rule == "lend" else [])
     if rule == "no-start":
         assert "starts no worker on one" in d.reason
+
+
+@pytest.mark.parametrize("lend_starts", [True, False])
+def test_a_lent_device_whose_worker_died_hosts_a_new_worker_only_where_lend_starts(lend_starts):
+    """The worker holding the lent device died (both its devices are free): the re-decision starts a
+    worker on the rollout device, and on the lent one only where a start there is allowed."""
+    from pearl.control.observation import Redecide
+
+    ctl = _controller(3.0, lend_starts=lend_starts)
+    ctl.on_event(TrainerIdle(), _obs(10.0, (ROLL,), lent=False))  # lent to worker 0
+    train = DeviceObs(TRAIN, Pool.TRAIN, 0, DeviceStatus.FREE, None, 60.0)
+    obs = Observation(11.0, (DeviceObs(ROLL, Pool.ROLLOUT, 0, DeviceStatus.FREE), train), (),
+                      LayoutShape.colocated(0, 1), TrainerObs(False, 0, 2, (), (TRAIN,)), in_flight=8)
+    eff = ctl.on_event(Redecide("rollout worker 0 died"), obs)
+    used = {d for a in eff.actions if isinstance(a, Start) for d in a.devices}
+    assert ROLL in used, [d.reason for d in eff.decisions]
+    assert (TRAIN in used) == lend_starts, eff.actions

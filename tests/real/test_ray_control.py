@@ -127,6 +127,48 @@ def test_ray_the_trainers_core_is_lent_to_the_live_actor_as_a_second_thread(loca
     books_balance(s)
 
 
+@pytest.mark.parametrize("seed", [0, *(pytest.param(i, marks=pytest.mark.slow) for i in range(1, 6))])
+def test_ray_the_only_actor_killed_while_it_holds_the_lent_core_loses_nothing(local_ray, tmp_path, monkeypatch,
+                                                                              seed):
+    """`kill -9` of the one actor at a random moment after it took the trainer's core (the 1st-3rd lend,
+    0-150 ms in): its turns wait for the worker the controller starts instead (none fails), the trainer
+    gets its core back within the bound, and the books balance."""
+    import pearl.runtime.real_control as rc
+    from tests.real.test_tp_switch import scale_two_threads
+
+    scale_two_threads(monkeypatch, 3.0)
+    rng, lends, killed = random.Random(seed), [], []
+    widen, resize = threading.Event(), rc.RealControl.resize
+
+    def resize_and_note(self, worker, devices):
+        resize(self, worker, devices)
+        if self.train_device in devices:
+            lends.append(time.monotonic())
+            widen.set()
+
+    def kill_mid_lend(nth=rng.randint(1, 3), delay=rng.uniform(0.0, 0.15)):
+        while widen.wait(300) and len(lends) < nth:
+            widen.clear()
+        time.sleep(delay)
+        pids = actor_pids()
+        os.kill(pids[sorted(pids)[0]], signal.SIGKILL)
+        killed.append(nth)
+
+    monkeypatch.setattr(rc.RealControl, "resize", resize_and_note)
+    t = threading.Thread(target=kill_mid_lend, daemon=True)
+    t.start()
+    s = run(tmp_path, rollout_workers=1, max_steps=5, seed=seed,
+            env={"name": "tests.real.test_real_control:SlowTurns", "kwargs": {}, "use_system_prompt": False},
+            policy={"borrow": True, "decision_interval_s": 0.5, "controller": {"lend_gain_factor": 0.0}})
+    t.join(timeout=5)
+    s["_dir"] = tmp_path
+    assert killed and s["ray_workers_lost"] == 1, [d["reason"][:80] for d in s["decisions"]]
+    assert s["steps"] == 5 and s["trajectories"]["failed"] == 0, s["trajectories"]
+    assert s["controller"]["workers_started"] == 2, [(round(d["t"], 2), d["trigger"], d["reason"][:90]) for d in s["decisions"] if d["rule"] not in ("window",)]  # the one killed, and its replacement
+    assert s["trainer_device_wait_max_s"] < 5.0
+    books_balance(s)
+
+
 def test_ray_engine_process_killed_mid_run_completes(local_ray, tmp_path):
     killed = []
     t = killer(tmp_path, 1, random.Random(0).choice, killed)

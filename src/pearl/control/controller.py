@@ -26,8 +26,7 @@ from pearl.config import EngineConfig, PolicyConfig
 from pearl.control.admission import AdmissionControl
 from pearl.control.borrowing import BorrowPlanner
 from pearl.control.estimate import LifetimeEstimator, WorkloadEstimator
-from pearl.control.lending import RETURNED, Lending, next_batch_at
-from pearl.control.lending import serves as _valid
+from pearl.control.lending import RETURNED, Lending, next_batch_at, serves as _valid
 from pearl.control.observation import (Decision, DevicesAdded, DevicesRemoved, Effects, Event, Flip,
                                        Notice, Observation, Redecide, SetCap, Start, Stop, TrainerIdle,
                                        TrainerNeedsDevices)
@@ -62,7 +61,7 @@ class ControlSetting:
     group_size: int = 1  # trajectories admitted together (one prompt's samples): a cap is never below it
     max_concurrent: int | None = None  # the configured cap on trajectories in flight (None: none)
     live_resize: bool = False  # a worker can take a lent device and give it back without a restart (Resize)
-    lend_starts: bool = True  # a lent device may host a new worker (off: a Ray actor starts far slower than a lend lasts)
+    lend_starts: bool = True  # a lent device may host a new worker (off: Ray, an actor starts slower than a lend lasts)
 
 
 class Controller(Lending):
@@ -157,6 +156,7 @@ class Controller(Lending):
     def _usable_free(self, obs: Observation) -> list[DeviceView]:
         return [DeviceView(d.id, d.pool, d.node, d.pool is not Pool.ROLLOUT) for d in obs.devices
                 if d.status is DeviceStatus.FREE and d.notice_at is None
+                and (d.pool is not Pool.TRAIN or self.setting.lend_starts)  # (a lent one whose worker died)
                 and (d.pool is not Pool.ELASTIC or (self.cfg.elastic and self.absorbs_elastic))]
 
     @staticmethod

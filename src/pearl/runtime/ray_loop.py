@@ -10,8 +10,9 @@
   or resume from their tokens.
 - A worker that dies (`WorkerGone`: its process was killed, or its node left) loses no trajectory:
   every session that had a request on it (the proxy's `sessions`) resumes its current turn from the
-  collected tokens on a serving worker (the turn's partial output is resampled); with no serving worker
-  and none starting, it fails with the reason. Outputs of a dead worker are never handled. `on_lost`
+  collected tokens on a serving worker (the turn's partial output is resampled); with none serving, it
+  waits for the controller's re-decision (`on_lost`, then `redecided`) and a worker that starts; with
+  none started either, it fails with the reason. Outputs of a dead worker are never handled. `on_lost`
   (set by `RealControl`) hears of each loss.
 """
 from __future__ import annotations
@@ -37,6 +38,7 @@ class RayAgentLoop(AgentLoop):
         self.closed: set[str] = set()  # trajectory ids finished (ok or failed): each at most once
         self.closed_twice = 0
         self.started_ready = 0  # workers started mid-run that came up and served
+        self.redeciding = 0  # losses the controller has not re-decided on yet: turns with no worker wait for it
 
     @property
     def version(self) -> int:
@@ -123,8 +125,8 @@ class RayAgentLoop(AgentLoop):
                 self._submit(ep)  # from its tokens, elsewhere (the KV, if any, stayed with the dead worker)
 
     def _no_worker(self, ep: Episode) -> None:
-        if self.starting():
-            self.waiting.append(ep)  # a worker is starting: the turn waits for it
+        if self.starting() or self.redeciding:
+            self.waiting.append(ep)  # a worker is starting, or the controller may start one: the turn waits
             return
         self.failed_worker_lost += 1
         self._closed += self._fail(ep, "no Ray rollout worker is serving (every worker died or was revoked)")
@@ -238,7 +240,8 @@ class RayAgentLoop(AgentLoop):
         e = self.engines[idx]
         lost, e.sessions = sorted(e.sessions), set()
         e.close()
-        if self.on_lost is not None:
+        if self.on_lost is not None:  # the controller re-decides (`redecided` when it has)
+            self.redeciding += 1
             self.on_lost(idx)
         for tid in lost:
             ep = self.episodes.get(tid)
@@ -246,6 +249,13 @@ class RayAgentLoop(AgentLoop):
                 self.resubmitted += 1
                 self._submit(ep)
         if not self.starting():
+            self._flush()
+
+    def redecided(self) -> None:
+        """The controller re-decided after a loss: turns still waiting with no worker serving or starting
+        (it started none) fail now, with the reason."""
+        self.redeciding = max(0, self.redeciding - 1)
+        if not self.redeciding and not self.starting():
             self._flush()
 
     def engine_stats(self) -> dict[str, float]:

@@ -169,7 +169,15 @@ class RealControl:
             self._stopped(wid)
             if self.node_watch is not None and any(d in self.ray_node for d in devs):
                 self.events.put((self.node_watch.check, threading.Event()))  # did its node leave? first
-            self.events.put((Redecide(f"rollout worker {idx} died"), threading.Event()))
+        self.events.put((lambda: self._redecide(f"rollout worker {idx} died"), threading.Event()))
+
+    def _redecide(self, why: str) -> None:
+        """Re-decide after a loss; then the loop's turns that wait for a worker go on (or fail, if none
+        serves and none starts)."""
+        try:
+            self.driver.event(Redecide(why))
+        finally:
+            self.agent.redecided()
 
     def resize(self, worker: int, devices: tuple[int, ...]) -> None:
         """The worker computes on `devices` from its next step (a lent core joins it, or leaves it)."""
