@@ -90,14 +90,17 @@ def test_kill_9_while_the_trainers_core_is_lent_then_resume_trains_every_prompt_
     _books_balance(s)
 
 
-@pytest.mark.parametrize("sig, code", [(signal.SIGTERM, 143), pytest.param(signal.SIGINT, 130, marks=pytest.mark.slow)])
-def test_a_stop_while_the_trainers_core_is_lent_leaves_a_checkpoint_and_resumes(tmp_path, cfg, sig, code):
+@pytest.mark.parametrize("sig, code, backend", [(signal.SIGTERM, 143, "local"),
+                                                 pytest.param(signal.SIGINT, 130, "local", marks=pytest.mark.slow),
+                                                 pytest.param(signal.SIGTERM, 143, "ray", marks=pytest.mark.slow)])
+def test_a_stop_while_the_trainers_core_is_lent_leaves_a_checkpoint_and_resumes(tmp_path, cfg, sig, code, backend):
     """Stops at random moments until one lands while the core is lent (the trace's last moment is inside
-    a lent span); every stop is clean; that run then resumes and trains every prompt once."""
+    a lent span); every stop is clean; that run then resumes and trains every prompt once. On Ray the
+    run starts its local instance and the lent core is a second thread of its actor."""
     rng = random.Random(0)
     for attempt in range(8):
         run_dir = tmp_path / f"run{attempt}"
-        proc = _start(cfg, run_dir)
+        proc = _start(cfg, run_dir, "--set", f"backend={backend}")
         _wait_for_steps(run_dir, rng.randint(1, 4), proc)
         time.sleep(rng.uniform(0.0, 0.8))
         assert proc.poll() is None, "the run ended before the stop: lengthen it"
