@@ -44,8 +44,9 @@ class ThreadPlan:
 
 def plan_threads(cores: int, local_workers: int, trainer: int | None = None, engine: int | None = None,
                  interop: int | None = None) -> ThreadPlan:
-    """The thread counts for a run with `local_workers` rollout workers in this process (0 when they
-    are Ray actors elsewhere) on `cores` cores; a given count overrides its automatic value."""
+    """The thread counts for a run with `local_workers` rollout workers on this host's `cores` cores (in
+    this process, or Ray actors of the local instance: `TrainConfig.host_workers`; 0 when they are
+    actors of a joined cluster); a given count overrides its automatic value."""
     auto_engine = 1
     auto_trainer = max(1, cores - local_workers * (engine or auto_engine))
     source = "config" if trainer is not None or engine is not None else "auto"
