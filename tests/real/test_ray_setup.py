@@ -97,6 +97,26 @@ def test_address_joins_without_resource_arguments(monkeypatch):
     assert str(e.value) == "could not join the Ray cluster at 10.0.0.7:6379 (ConnectionError: no cluster here)"
 
 
+def test_borrow_with_ray_address_in_the_environment_is_refused_before_joining(monkeypatch):
+    """`policy.borrow` lends the trainer's core to actors on its host: with RAY_ADDRESS set (the config's
+    ray_address is refused by the config itself) the backend refuses before it connects to anything."""
+    from pearl.runtime import ray_backend
+    from pearl.runtime.train_config import parse_train_config
+
+    def init(**kwargs):
+        raise AssertionError("ray.init must not be called")
+
+    monkeypatch.setenv("RAY_ADDRESS", "10.0.0.7:6379")
+    monkeypatch.setattr(ray_backend.ray, "is_initialized", lambda: False)
+    monkeypatch.setattr(ray_backend.ray, "init", init)
+    cfg = parse_train_config({"backend": "ray", "policy": {"borrow": True}})
+    assert cfg.host_workers == 0  # (actors of a joined cluster are not this host's)
+    with pytest.raises(PearlError) as e:
+        ray_backend.RayBackend(cfg, None, ["colocated"])
+    assert str(e.value).startswith("policy.borrow on backend ray lends the trainer's core to Ray actors on this "
+                                   "host: it needs the local Ray instance, not the cluster at '10.0.0.7:6379'")
+
+
 @pytest.fixture(scope="module")
 def head(tmp_path_factory):
     """A one-node Ray cluster on 127.0.0.1 with token authentication, started by hand: (address, token)."""
