@@ -110,3 +110,13 @@ def test_a_lent_device_whose_worker_died_hosts_a_new_worker_only_where_lend_star
     used = {d for a in eff.actions if isinstance(a, Start) for d in a.devices}
     assert ROLL in used, [d.reason for d in eff.decisions]
     assert (TRAIN in used) == lend_starts, eff.actions
+
+
+def test_a_live_worker_taking_the_lent_device_only_because_none_may_start_says_so():
+    ctl = _controller(0.7, lend_starts=False)  # (a new worker would be faster, but none may start on it)
+    eff = ctl.on_event(TrainerIdle(), _obs(10.0, (ROLL,), lent=False))
+    (d,) = [d for d in eff.decisions if d.kind == "borrow"]
+    assert "not colocated×2 (" in d.reason and "(no worker starts on a lent device here)" in d.reason, d.reason
+    ctl = _controller(0.7)
+    (d,) = [d for d in ctl.on_event(TrainerIdle(), _obs(10.0, (ROLL,), lent=False)).decisions if d.kind == "borrow"]
+    assert "no worker starts" not in d.reason, d.reason
