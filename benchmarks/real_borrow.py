@@ -23,7 +23,7 @@ paired ratio, the trainer's worst wait for its device, and, last, the ratio of t
 With `--backend ray` the worker is a Ray actor on the local Ray instance each run starts; the lent
 core can only be its second torch thread there (an actor takes seconds to start).
 
-    .venv/bin/python benchmarks/real_borrow.py [--steps 4] [--staleness 0] [--repeats 3] [--prompts 2]
+    .venv/bin/python benchmarks/real_borrow.py [--steps 4] [--staleness 0] [--repeats 3] [--first-seed 0] [--prompts 2]
                                                [--backend local|ray]
 """
 from __future__ import annotations
@@ -66,15 +66,16 @@ if __name__ == "__main__":
     ap = argparse.ArgumentParser()
     ap.add_argument("--steps", type=int, default=4)
     ap.add_argument("--staleness", type=int, default=0, help="η (0: synchronous, the trainer idles most)")
-    ap.add_argument("--repeats", type=int, default=3, help="runs per arm; repeat i uses seed i")
+    ap.add_argument("--repeats", type=int, default=3, help="runs per arm; repeat i uses seed first_seed + i")
+    ap.add_argument("--first-seed", type=int, default=0, help="the seed of the first repeat")
     ap.add_argument("--prompts", type=int, default=2, help="prompts per step (x 4 trajectories each)")
     ap.add_argument("--backend", choices=("local", "ray"), default="local",
                     help="ray: the worker is a Ray actor (local instance), lent the core as a second thread")
     a = ap.parse_args()
     runs: dict[str, list[dict]] = {"fixed": [], "pearl": []}
     print(f"smollm2-135m calculator, {a.steps} steps x {a.prompts} x 4 trajectories, η={a.staleness}, "
-          f"1 rollout worker ({a.backend}), 2 cores, {a.repeats} runs each (seeds 0..{a.repeats - 1}), alternating", flush=True)
-    for i in range(a.repeats):
+          f"1 rollout worker ({a.backend}), 2 cores, {a.repeats} runs each (seeds {a.first_seed}..{a.first_seed + a.repeats - 1}), alternating", flush=True)
+    for i in range(a.first_seed, a.first_seed + a.repeats):
         for name in ("fixed", "pearl"):
             r = run(name == "pearl", a.steps, a.staleness, seed=i, prompts=a.prompts, backend=a.backend)
             runs[name].append(r)
