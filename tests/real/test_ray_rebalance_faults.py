@@ -20,7 +20,8 @@ ray = pytest.importorskip("ray")
 # engine steps, so the worker that joins finds turns in flight to take over. The trainer on both cores: on
 # the one core the actor leaves it (the thread plan since 2026-12-06) it was the bottleneck, the rollout
 # sat waiting for it, and the joining worker found nothing in flight (2 of 2 runs)
-BASE = {"threads": {"trainer": 2}, "prompts_per_step": 2, "group_size": 4, "rollout_workers": 1, "layout": "colocated", "backend": "ray",
+BASE = {"threads": {"trainer": 2}, "prompts_per_step": 2, "group_size": 4, "rollout_workers": 1, "layout": "colocated",
+        "backend": "ray",
         "sampling": {"max_new_tokens": 8, "restrict_actions": False},
         "policy": {"decision_interval_s": 0.5, "min_dwell_s": 1.0, "elastic": True}}
 

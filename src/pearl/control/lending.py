@@ -172,8 +172,8 @@ class Lending:
         ways = [f"{wide} ({preds[-1].completion_s:.4g} s)", f"{options[role]} ({base * (1 - gains[role]):.4g} s)"]
         better = round(g_wide, 3) >= round(gains[role], 3)
         use = better or not self.setting.lend_starts
-        how = f"; as {ways[not use]}, not {ways[use]}{' (no worker starts on a lent device here)' if use and not better else ''}" \
-              f"; now {cur} ({base:.4g} s)"
+        why = " (no worker starts on a lent device here)" if use and not better else ""
+        how = f"; as {ways[not use]}, not {ways[use]}{why}; now {cur} ({base:.4g} s)"
         if use:
             return max(0.0, g_wide) / n, Role.MIXED, live, how
         return max(0.0, gains[role]) / n, role, None, how

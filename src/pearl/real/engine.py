@@ -210,8 +210,10 @@ class TorchEngine:
                 raise ResourceError(f"engine {self.wid}: request {r.rid} needs KV for {r.num_tokens} tokens but "
                                     f"the engine holds {self.kv_capacity} (raise kv_capacity_tokens)")
             return []
-        if self.num_threads is not None and torch.get_num_threads() != self.num_threads:
-            torch.set_num_threads(self.num_threads)
+        threads = torch.get_num_threads()
+        if self.num_threads is not None and threads != self.num_threads:
+            threads = self.num_threads
+            torch.set_num_threads(threads)
         t0, c0 = time.perf_counter(), time.thread_time()
         result = self.runner.run(batch.items, self._params)
         version = self.decoder.version
@@ -221,8 +223,7 @@ class TorchEngine:
         dt = time.perf_counter() - t0
         st = self.stats
         st.steps += 1
-        n = torch.get_num_threads()
-        st.steps_by_threads[n] = st.steps_by_threads.get(n, 0) + 1
+        st.steps_by_threads[threads] = st.steps_by_threads.get(threads, 0) + 1
         st.busy_s += dt
         st.cpu_s += time.thread_time() - c0
         st.tokens_decoded += batch.n_decode

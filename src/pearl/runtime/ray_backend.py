@@ -72,8 +72,8 @@ class RayBackend:
             raise PearlError("backend 'ray' needs the ray package (pip install ray); or set backend: local")
         self.started = False
         self.actors: list[Any] = []
-        self.address = getattr(cfg, "ray_address", None) or os.environ.get("RAY_ADDRESS") or None
-        if self.address and getattr(cfg.policy, "borrow", False):  # (ray_address itself: refused by the config)
+        self.address = cfg.ray_cluster
+        if self.address and cfg.policy.borrow:  # (ray_address itself: refused by the config)
             from pearl.runtime.train_config import borrow_needs_local_ray
 
             raise PearlError(borrow_needs_local_ray(self.address))

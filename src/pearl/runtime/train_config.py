@@ -180,11 +180,16 @@ class TrainConfig(Frozen):
         return v
 
     @property
+    def ray_cluster(self) -> str | None:
+        """The Ray cluster a `backend: ray` run joins (`ray_address`, else RAY_ADDRESS); None: it starts
+        a local instance."""
+        return self.ray_address or os.environ.get("RAY_ADDRESS") or None
+
+    @property
     def host_workers(self) -> int:
         """Rollout workers computing on this host's cores (the thread plan leaves them theirs): all of
         them on the local backend or Ray's local instance; none as actors of a joined cluster."""
-        joined = self.backend == "ray" and bool(self.ray_address or os.environ.get("RAY_ADDRESS"))
-        return 0 if joined else self.rollout_workers
+        return 0 if self.backend == "ray" and self.ray_cluster else self.rollout_workers
 
     @model_validator(mode="after")
     def _check(self) -> "TrainConfig":
