@@ -109,8 +109,6 @@ class SimTrainer:
         n_dev = len(self.train_devices)
         dur = self.train_time(trajs, tokens, n_dev) * self.cfg.rl.train_passes
         idle = t_ready - self.trainer_idle_since
-        for tr in trajs:
-            self.staleness_hist[self.version - tr.min_version] += 1
         self.steps.append(dict(step=len(self.steps) + 1, t_ready=t_ready, t_start=t, t_end=t + dur,
                                train_s=dur, trainer_idle_s=idle, device_wait_s=t - t_ready,
                                trajectories=len(trajs), tokens=tokens,
@@ -180,6 +178,8 @@ class SimTrainer:
         t = self.clock.now
         self.trained_trajs += len(trajs)
         self.trained_tokens += sum(tr.spec.total_tokens for tr in trajs)
+        for tr in trajs:  # trained: counted with the step, as trained_trajectories is (one step at a time)
+            self.staleness_hist[self.version - tr.min_version] += 1
         self.version += 1
         self.trainer_busy = False
         self.trainer_idle_since = t
