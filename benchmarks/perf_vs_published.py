@@ -27,11 +27,13 @@ from pearl.perf.hardware import get_hardware
 from pearl.perf.roofline import PerfCoeffs
 
 GPUS = ("a100", "h100", "h20")
-GLOBAL = ("step_overhead_s", "seq_overhead_s", "allreduce_latency_s", "kv_eff", "expert_eff")
-LEGACY = PerfCoeffs(mfu=0.5, bw_eff=0.8, step_overhead_s=0.004, seq_overhead_s=0.0, allreduce_latency_s=10e-6,
-                    kv_eff=1.0, expert_eff=1.0)
-X0 = dict(step_overhead_s=0.002, seq_overhead_s=5e-5, allreduce_latency_s=2e-5, kv_eff=0.6, expert_eff=0.7)
-BOUNDS = dict(step_overhead_s=(1e-4, 0.02), seq_overhead_s=(1e-7, 2e-3), allreduce_latency_s=(1e-7, 2e-4),
+GLOBAL = ("step_overhead_s", "seq_overhead_s", "oneshot_latency_s", "allreduce_latency_s", "kv_eff", "expert_eff")
+LEGACY = PerfCoeffs(mfu=0.5, bw_eff=0.8, step_overhead_s=0.004, seq_overhead_s=0.0, allreduce="ring",
+                    allreduce_latency_s=10e-6, kv_eff=1.0, expert_eff=1.0)
+X0 = dict(step_overhead_s=0.002, seq_overhead_s=5e-5, oneshot_latency_s=2e-5, allreduce_latency_s=2e-5, kv_eff=0.6,
+          expert_eff=0.7)
+BOUNDS = dict(step_overhead_s=(1e-4, 0.02), seq_overhead_s=(1e-7, 2e-3), oneshot_latency_s=(1e-7, 2e-4),
+              allreduce_latency_s=(1e-7, 2e-4),
               kv_eff=(0.1, 1.0), expert_eff=(0.1, 1.0), mfu=(0.1, 0.85), bw_eff=(0.1, 0.95))
 
 

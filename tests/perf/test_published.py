@@ -37,11 +37,11 @@ def test_split_is_fixed_and_halves_each_source():
         assert flags == [i % 2 == 1 for i in range(len(flags))]
 
 
-def test_catalogue_held_out_error_is_within_ten_percent():
+def test_catalogue_held_out_error_is_within_six_percent():
     # benchmarks/perf_vs_published.py fits on the other half; the catalogue holds its constants.
     errs = [abs(published.rel_error(p)) for p, h in zip(POINTS, published.held_out(POINTS)) if h and p.is_step]
     assert len(errs) >= 40
-    assert statistics.median(errs) <= 0.10
+    assert statistics.median(errs) <= 0.06  # the issue's goal (10% required); 5.7% on 2026-12-06
 
 
 def test_catalogue_ring_bandwidth_is_the_measured_one():
@@ -104,15 +104,30 @@ def test_per_operator_mixed_step_pays_both_bounds():
     assert per_op.prefill_time(4096) == pytest.approx(one.prefill_time(4096), rel=1e-12)
 
 
-def test_tensor_parallel_cost_grows_with_ring_hops():
+def test_tensor_parallel_cost_ring_hops_or_one_shot():
+    """A ring all-reduce (NCCL) pays 2(tp-1) hop latencies, a one-shot (custom) one the same latency at
+    every tp; both move the activations at the ring bus bandwidth. A CPU's threads pay nothing."""
     c = PerfCoeffs()
+    ring = replace(c, allreduce="ring")
     for tp in (2, 4, 8):
+        moved = 72 * 4096 * 2 * 2 * (tp - 1) / tp / H100.ring_bw
         _, _, add = PerfModel(Q8, H100, tp=tp).step_work(1, 0)
-        ring = 72 * (2 * (tp - 1) * c.allreduce_latency_s + 4096 * 2 * 2 * (tp - 1) / tp / H100.ring_bw)
-        assert add == pytest.approx(ring, rel=1e-9)
+        assert add == pytest.approx(72 * c.oneshot_latency_s + moved, rel=1e-9)
+        _, _, add = PerfModel(Q8, H100, tp=tp, coeffs=ring).step_work(1, 0)
+        assert add == pytest.approx(72 * 2 * (tp - 1) * c.allreduce_latency_s + moved, rel=1e-9)
+    assert PerfModel(Q8, get_hardware("cpu"), tp=2).step_work(1, 0)[2] == 0.0
 
 
-@pytest.mark.parametrize("field,value", [("combine", "fastest"), ("kv_eff", 0.0), ("expert_eff", 1.5),
+def test_rows_of_an_engine_without_a_custom_all_reduce_are_priced_as_a_ring():
+    """Splitwise's 2023 vLLM ran NCCL's ring: its rows are predicted with allreduce="ring"."""
+    rows = [p for p in published.load() if p.ref == "splitwise" and p.tp > 1]
+    assert rows and all(p.engine in published.RING_ENGINES for p in rows)
+    p = rows[0]
+    assert published.predict(p) == pytest.approx(published.predict(p, replace(PerfCoeffs(), allreduce="ring")))
+    assert published.predict(p) != pytest.approx(published.predict(replace(p, engine="vllm")))
+
+
+@pytest.mark.parametrize("field,value", [("combine", "fastest"), ("allreduce", "tree"), ("kv_eff", 0.0), ("expert_eff", 1.5),
                                          ("seq_overhead_s", -1.0), ("mfu", 0.0)])
 def test_bad_coefficients_are_refused(field, value):
     with pytest.raises(ValueError, match=field):

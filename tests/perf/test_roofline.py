@@ -13,9 +13,10 @@ Q8 = get_model("qwen3-8b")
 MOE = get_model("qwen3-30b-a3b")
 EMBED_8B = 151936 * 4096  # 0.6223B params per vocab matrix
 # Round coefficients for the hand derivations below (the catalogue's fitted ones are checked in
-# test_published.py): mfu 0.5, bw_eff 0.8, 4 ms per step, 5 us per ring hop (10 us per all-reduce at tp=2),
-# KV and experts read at the weight rate.
-HAND = PerfCoeffs(mfu=0.5, bw_eff=0.8, step_overhead_s=0.004, allreduce_latency_s=5e-6, kv_eff=1.0, expert_eff=1.0)
+# test_published.py): mfu 0.5, bw_eff 0.8, 4 ms per step, a ring all-reduce at 5 us per hop (10 us per
+# all-reduce at tp=2), KV and experts read at the weight rate.
+HAND = PerfCoeffs(mfu=0.5, bw_eff=0.8, step_overhead_s=0.004, allreduce="ring", allreduce_latency_s=5e-6, kv_eff=1.0,
+                  expert_eff=1.0)
 
 
 @pytest.fixture

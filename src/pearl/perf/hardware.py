@@ -43,6 +43,8 @@ class Hardware:
     ring_bw: float = 0.0  # all-reduce bus bandwidth, B/s; 0: half of nvlink_bw
     # peak_flops / hbm_bw are rough guesses, not a datasheet's: a calibration may find more than them
     rough: bool = False
+    # tp is intra-op threads of one process sharing one memory (a CPU): no all-reduce between them
+    shared_memory: bool = False
 
     def __post_init__(self) -> None:
         for field in ("peak_flops", "hbm_bw", "memory_bytes", "nvlink_bw", "net_bw"):
@@ -63,25 +65,25 @@ class Hardware:
 # ring_bw (same 900 GB/s NVLink).
 _H100_RING = 370 * GB
 HARDWARE: dict[str, Hardware] = {
-    "a100": Hardware("a100", 312 * TFLOPS, 2.04e12, 80 * GIB, 600 * GB, _NET, mfu=0.614, bw_eff=0.577,
+    "a100": Hardware("a100", 312 * TFLOPS, 2.04e12, 80 * GIB, 600 * GB, _NET, mfu=0.614, bw_eff=0.596,
                      ring_bw=200 * GB),
-    "h100": Hardware("h100", 989 * TFLOPS, 3.35e12, 80 * GIB, 900 * GB, _NET, mfu=0.501, bw_eff=0.607,
+    "h100": Hardware("h100", 989 * TFLOPS, 3.35e12, 80 * GIB, 900 * GB, _NET, mfu=0.506, bw_eff=0.725,
                      ring_bw=_H100_RING),
     # H800: the export H100, same compute and HBM, NVLink cut to 400 GB/s.
-    "h800": Hardware("h800", 989 * TFLOPS, 3.35e12, 80 * GIB, 400 * GB, _NET, mfu=0.501, bw_eff=0.607,
+    "h800": Hardware("h800", 989 * TFLOPS, 3.35e12, 80 * GIB, 400 * GB, _NET, mfu=0.506, bw_eff=0.725,
                      ring_bw=_H100_RING * 400 / 900),
-    "h200": Hardware("h200", 989 * TFLOPS, 4.8e12, 141 * GIB, 900 * GB, _NET, mfu=0.501, bw_eff=0.607,
+    "h200": Hardware("h200", 989 * TFLOPS, 4.8e12, 141 * GIB, 900 * GB, _NET, mfu=0.506, bw_eff=0.725,
                      ring_bw=_H100_RING),
     # H20: little compute, lots of bandwidth: decode-friendly, prefill-poor. Its published decode runs at
-    # at a third of its 4.0 TB/s (bw_eff 0.334); its mfu sits at the fit's 0.85 bound.
-    "h20": Hardware("h20", 148 * TFLOPS, 4.0e12, 96 * GIB, 900 * GB, _NET, mfu=0.85, bw_eff=0.334,
+    # at about a third of its 4.0 TB/s (bw_eff 0.351); its mfu sits at the fit's 0.85 bound.
+    "h20": Hardware("h20", 148 * TFLOPS, 4.0e12, 96 * GIB, 900 * GB, _NET, mfu=0.85, bw_eff=0.351,
                     ring_bw=_H100_RING),
     # A generic laptop-class CPU core, for tiny models in the real runtime and tests. ROUGH values:
     # ~100 GFLOP/s (AVX2/AVX-512 FMA at ~3 GHz, fp32 math on bf16 weights), ~20 GB/s of DRAM bandwidth
     # one core can pull, 16 GiB of RAM, memcpy-class "nvlink" between processes on one machine and a
     # 10 GbE "network". Calibrate (combine="sum") before trusting any number from it: a fitted mfu
     # above 1 is allowed (a core of this machine measured 1.15-1.18 of it on 2026-12-05, SmolLM2-135M).
-    "cpu": Hardware("cpu", 100e9, 20 * GB, 16 * GIB, 10 * GB, 1.25 * GB, rough=True),
+    "cpu": Hardware("cpu", 100e9, 20 * GB, 16 * GIB, 10 * GB, 1.25 * GB, rough=True, shared_memory=True),
 }
 
 

@@ -4,12 +4,14 @@
 File format (version 1):
     {"version": 1, "model": "qwen3-8b", "hardware": "h100", "tp": 1,
      "coeffs": {"mfu": ..., "bw_eff": ..., "step_overhead_s": ..., "seq_overhead_s": ...,
-                "allreduce_latency_s": ..., "kv_eff": ..., "expert_eff": ..., "kv_setup_s": ...,
-                "combine": "max"},
+                "allreduce": "oneshot", "oneshot_latency_s": ..., "allreduce_latency_s": ..., "kv_eff": ...,
+                "expert_eff": ..., "kv_setup_s": ..., "combine": "max"},
      "fitted_at": "2025-01-01T00:00:00+00:00", "n_samples": 200, "rmse": 0.0004}
 
 A coefficient left out takes the `PerfCoeffs` default (the catalogue's fitted value; mfu and bw_eff: the
-hardware's). Since the grounding (docs/perf_model.md), `allreduce_latency_s` is per ring hop.
+hardware's). Since the grounding (docs/perf_model.md), `allreduce_latency_s` is per ring hop; since the
+engine's all-reduce form (2026-12-06), it counts only with "allreduce": "ring" (the default is "oneshot",
+`oneshot_latency_s` per all-reduce).
 
 Optional (`pearl profile` writes it; files without it still load): the trainer's cost,
     "trainer": {"fixed_s": ..., "per_token_s": ..., "per_pair_s": ..., "n_samples": 8, "rmse": 0.003, "clock": "cpu",
@@ -209,7 +211,7 @@ class Profile:
         if bad:
             raise ConfigError(f"{where}: unknown field 'coeffs.{bad[0]}'")
         for key, val in c.items():
-            ok = isinstance(val, str) if key == "combine" else (
+            ok = isinstance(val, str) if key in ("combine", "allreduce") else (
                 isinstance(val, (int, float)) and not isinstance(val, bool))
             if not ok:
                 raise ConfigError(f"{where}: field 'coeffs.{key}' = {val!r} has the wrong type")

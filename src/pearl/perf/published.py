@@ -10,7 +10,7 @@ Pure computation; nothing here fits (the fit lives in the benchmark, out of the 
 from __future__ import annotations
 
 import csv
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from importlib import resources
 from pathlib import Path
 
@@ -18,6 +18,9 @@ from pearl.perf.hardware import Hardware, get_hardware
 from pearl.perf.models import MODELS, ModelShape
 from pearl.perf.roofline import PerfCoeffs, PerfModel
 
+# Engines that ran NCCL's ring all-reduce under tensor parallelism; every other engine in the data runs a
+# custom one-shot all-reduce on NVLink (vLLM since vllm-project/vllm#2192, SGLang, TensorRT-LLM).
+RING_ENGINES = frozenset({"vllm-2023"})
 STEP_METRICS = ("decode_step_ms", "prefill_ms", "e2e_s", "ttft_s", "gen_tok_s", "total_tok_s")
 BUSBW_METRIC = "allreduce_busbw_gbps"
 
@@ -103,6 +106,8 @@ def predict(p: Point, coeffs: PerfCoeffs = PerfCoeffs(), hw: Hardware | None = N
     hw = hw or get_hardware(p.gpu)
     if p.metric == BUSBW_METRIC:
         return hw.ring_bw / 1e9
+    if p.engine in RING_ENGINES:
+        coeffs = replace(coeffs, allreduce="ring")
     pm = PerfModel(shape(p.model), hw, p.tp, coeffs)
     b, n_in, n_out = p.batch, p.input_len, p.output_len
     prefill = pm.step_time(0, 0, b * n_in, b * n_in * n_in / 2.0)  # b prompts of n_in tokens
@@ -127,4 +132,4 @@ def rel_error(p: Point, coeffs: PerfCoeffs = PerfCoeffs(), hw: Hardware | None =
     return predict(p, coeffs, hw) / p.value - 1.0
 
 
-__all__ = ["BUSBW_METRIC", "Point", "SHAPES", "STEP_METRICS", "held_out", "load", "predict", "rel_error", "shape"]
+__all__ = ["BUSBW_METRIC", "Point", "RING_ENGINES", "SHAPES", "STEP_METRICS", "held_out", "load", "predict", "rel_error", "shape"]

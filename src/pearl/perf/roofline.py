@@ -15,9 +15,12 @@ One engine step is timed as
 - `combine`: "max" (one roofline for the whole step: compute and memory traffic overlap), "per_op"
   (each operator its own max(FLOPs, bytes), summed: a mixed step whose matmuls are compute-bound and
   whose attention is KV-bound pays both), or "sum" (no overlap; fits CPUs better).
-- all-reduces (tp > 1): two per layer, each a ring (the alpha-beta model): 2(tp-1) hops of
-  `allreduce_latency_s` plus tokens·hidden activations moved at the hardware's measured bus bandwidth
-  (`Hardware.ring_bw`; S bytes take S·2(tp-1)/tp / ring_bw).
+- all-reduces (tp > 1): two per layer, each a fixed latency plus tokens·hidden activations moved at the
+  hardware's measured bus bandwidth (`Hardware.ring_bw`; S bytes take S·2(tp-1)/tp / ring_bw). The
+  latency depends on the engine's all-reduce (`allreduce`): "oneshot", a custom all-reduce whose
+  latency does not grow with tp (vLLM since vllm-project/vllm#2192, SGLang, TensorRT-LLM, on NVLink):
+  `oneshot_latency_s` each; "ring", NCCL's ring (the alpha-beta model, as Splitwise's 2023 vLLM ran):
+  2(tp-1) hops of `allreduce_latency_s`.
 
 Per-GPU efficiencies (mfu, bw_eff, ring_bw) live in `pearl.perf.hardware`; the engine-level ones below
 were fitted to published measurements (docs/perf_model.md). A `PerfCoeffs` field left at None takes the
@@ -41,6 +44,7 @@ DISK_BW = 2e9  # B/s: a local NVMe / parallel-FS read of safetensors
 COLD_START_INIT_S = ElasticConfig.model_fields["cold_start_s"].default
 WEIGHT_SOURCES = ("peer", "nvlink", "disk")
 COMBINE_FORMS = ("max", "per_op", "sum")
+ALLREDUCE_FORMS = ("oneshot", "ring")
 
 
 @dataclass(frozen=True)
@@ -49,26 +53,30 @@ class PerfCoeffs:
 
     mfu: float | None = None  # achieved fraction of peak FLOP/s; None: the hardware's `mfu`
     bw_eff: float | None = None  # achieved fraction of HBM bandwidth on weights; None: the hardware's
-    step_overhead_s: float = 0.000419  # fixed per engine step (scheduling, launches)
+    step_overhead_s: float = 0.001185  # fixed per engine step (scheduling, launches)
     # Per sequence in a step (sampling, bookkeeping). 0 in the catalogue (fitted to the published points
     # it is ~69 us, docs/perf_model.md); a CPU calibration (`pearl.perf.calibrate`, sum form) fits it.
     seq_overhead_s: float = 0.0
-    allreduce_latency_s: float = 7.16e-6  # per ring hop of an all-reduce (2(tp-1) hops each)
-    kv_eff: float = 0.652  # KV-read rate relative to weight reads
-    expert_eff: float = 0.991  # routed-expert matmul rate relative to dense matmuls
+    allreduce: str = "oneshot"  # the engine's all-reduce: "oneshot" (custom kernel) or "ring" (NCCL)
+    oneshot_latency_s: float = 2.46e-5  # per all-reduce, any tp, with allreduce="oneshot"
+    allreduce_latency_s: float = 1.63e-5  # per ring hop with allreduce="ring" (2(tp-1) hops each)
+    kv_eff: float = 0.650  # KV-read rate relative to weight reads
+    expert_eff: float = 0.855  # routed-expert matmul rate relative to dense matmuls
     kv_setup_s: float = 0.002  # per KV transfer
     combine: str = "max"  # "max" (one roofline), "per_op" (per operator) or "sum" (additive; CPUs)
 
     def __post_init__(self) -> None:
         if self.combine not in COMBINE_FORMS:
             raise ValueError(f"combine must be one of {', '.join(COMBINE_FORMS)}, got {self.combine!r}")
+        if self.allreduce not in ALLREDUCE_FORMS:
+            raise ValueError(f"allreduce must be one of {', '.join(ALLREDUCE_FORMS)}, got {self.allreduce!r}")
         for name in ("mfu", "bw_eff"):
             v = getattr(self, name)
             if v is not None and not v > 0:
                 raise ValueError(f"{name} ({v}) must be > 0")
         if not (0 < self.kv_eff <= 1 and 0 < self.expert_eff <= 1):
             raise ValueError(f"kv_eff ({self.kv_eff}) and expert_eff ({self.expert_eff}) must be in (0, 1]")
-        for name in ("step_overhead_s", "seq_overhead_s", "allreduce_latency_s", "kv_setup_s"):
+        for name in ("step_overhead_s", "seq_overhead_s", "oneshot_latency_s", "allreduce_latency_s", "kv_setup_s"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} ({getattr(self, name)}) must be >= 0")
 
@@ -114,7 +122,8 @@ class PerfModel:
         self._log_miss = math.log1p(-m.experts_per_token / m.num_experts) if m.is_moe else 0.0
         # Tensor parallelism: two all-reduces per layer (after attention and after the MLP) of
         # tokens·hidden activations; a ring moves 2(tp-1)/tp of the buffer at the bus bandwidth.
-        self._n_allreduce = 2 * m.num_layers if tp > 1 else 0
+        # (None on a CPU: its tp is intra-op threads sharing one memory.)
+        self._n_allreduce = 2 * m.num_layers if tp > 1 and not hw.shared_memory else 0
         ring = 2.0 * (tp - 1) / tp
         self._ar_s_per_token = self._n_allreduce * ring * m.hidden * d / hw.ring_bw
         self._set_rates(coeffs)
@@ -124,8 +133,10 @@ class PerfModel:
         self._byte_rate = self.tp * self.hw.hbm_bw * c.bw_eff
         self._overhead = c.step_overhead_s
         self._seq = c.seq_overhead_s
-        # A ring all-reduce over tp ranks takes 2(tp-1) hops, each paying the per-hop latency.
-        self._ar_fixed_s = self._n_allreduce * 2 * (self.tp - 1) * c.allreduce_latency_s
+        # A ring all-reduce over tp ranks takes 2(tp-1) hops, each paying the per-hop latency; a one-shot
+        # (custom) all-reduce pays one latency at any tp.
+        per_ar = c.oneshot_latency_s if c.allreduce == "oneshot" else 2 * (self.tp - 1) * c.allreduce_latency_s
+        self._ar_fixed_s = self._n_allreduce * per_ar
         self._form = COMBINE_FORMS.index(c.combine)  # 0 max, 1 per_op, 2 sum
 
     def with_coeffs(self, coeffs: PerfCoeffs) -> "PerfModel":
