@@ -79,17 +79,17 @@ def _obs(t: float, finished, count: int, shape: LayoutShape = LayoutShape.coloca
 
 
 def test_a_workload_shift_changes_the_prediction_and_the_layout():
-    """Short game-like turns: four colocated tp2 workers are best (on the grounded perf model). The
+    """Short game-like turns: eight colocated tp1 workers are best (on the grounded perf model). The
     trajectories turn into long swe sessions (many turns, large contexts): prefill dominates, the
     prediction of the current layout rises and the controller moves to a disaggregated layout."""
     ctl = _controller()
-    game = _specs("game", 256)
-    d0 = ctl.on_tick(_obs(30.0, game, 256)).decisions[0]
-    assert d0.rule == "keep" and d0.candidates[0][0] == "colocated×4@tp2"
+    game, now = _specs("game", 256), LayoutShape.colocated(8, 1)
+    d0 = ctl.on_tick(_obs(30.0, game, 256, now)).decisions[0]
+    assert d0.rule == "keep" and d0.candidates[0][0] == "colocated×8"
     heavy = _specs("swe", 256, start=256)
     switched, preds = None, [d0.current_pred_s]
     for k in range(1, 6):
-        eff = ctl.on_tick(_obs(30.0 + 30 * k, heavy, 256 * 2))
+        eff = ctl.on_tick(_obs(30.0 + 30 * k, heavy, 256 * 2, now))
         d = eff.decisions[0]
         preds.append(d.current_pred_s)
         if d.switch:

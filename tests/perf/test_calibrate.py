@@ -8,7 +8,7 @@ from pearl.perf import ModelShape, PerfCoeffs, PerfModel, StepSample, calibrate,
 
 H100 = get_hardware("h100")
 Q8 = get_model("qwen3-8b")
-TRUE = PerfCoeffs(mfu=0.42, bw_eff=0.71, step_overhead_s=0.0031)
+TRUE = PerfCoeffs(mfu=0.42, bw_eff=0.71, step_overhead_s=0.0031, combine="max")  # the form a GPU calibration fits
 
 
 def synthetic(pm: PerfModel, n: int = 120, seed: int = 0, noise: float = 0.0, kinds=("decode", "prefill", "mixed")):

@@ -90,8 +90,8 @@ def test_experts_run_below_the_dense_rate():
 def test_per_operator_mixed_step_pays_both_bounds():
     # A mixed step: 300 prompt tokens (matmuls compute-bound) beside 40 decodes with 200k tokens of context
     # (attention KV-bound). One roofline lets the KV read hide under the matmuls; per operator it cannot.
-    one = PerfModel(Q8, H100)
-    per_op = one.with_coeffs(replace(one.coeffs, combine="per_op"))
+    one = PerfModel(Q8, H100, coeffs=replace(PerfCoeffs(), combine="max"))
+    per_op = PerfModel(Q8, H100)  # the catalogue's form
     args = (40, 200_000, 300, 300 * 150.0)
     df, db, af, ab, add = one.step_ops(*args)
     fr, br = H100.peak_flops * H100.mfu, H100.hbm_bw * H100.bw_eff

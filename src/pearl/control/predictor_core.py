@@ -28,7 +28,7 @@ class _Coeffs:
     """`PerfModel.step_time` as linear coefficients, probed through its public methods and checked, so
     that step times of many candidates and batch sizes are a few numpy operations."""
 
-    NAMES = ("flop_rate", "byte_rate", "ovh", "sum", "a_tok", "a_pair", "a_lm", "b_static", "b_tok",
+    NAMES = ("flop_rate", "byte_rate", "ovh", "sum", "per_op", "a_tok", "a_pair", "a_lm", "b_static", "b_tok",
              "b_kv", "b_exp", "n_exp", "log_miss", "ar_tok", "ar_fixed", "seq", "cap", "xfer_same", "xfer_net",
              "setup")
     _cache: dict[int, tuple[PerfModel, _Coeffs]] = {}
@@ -45,7 +45,7 @@ class _Coeffs:
             return
         c, hw, m, w = pm.coeffs, pm.hw, pm.model, pm.step_work
         self.flop_rate, self.byte_rate = pm.tp * hw.peak_flops * c.mfu, pm.tp * hw.hbm_bw * c.bw_eff
-        self.ovh, self.sum = c.step_overhead_s, float(c.combine == "sum")
+        self.ovh, self.sum, self.per_op = c.step_overhead_s, float(c.combine == "sum"), float(c.combine == "per_op")
         f1, f2 = w(0, 0, 1, 0.0)[0], w(0, 0, 2, 0.0)[0]
         self.a_tok, self.a_lm, self.a_pair = f2 - f1, 2 * f1 - f2, w(1, 1)[0] - w(1, 0)[0]
         self.b_kv = w(1, 1)[1] - w(1, 0)[1]
@@ -83,14 +83,23 @@ def _step(c, B, ctx, P=None, A=None, parts: bool = False):
     """Vectorised `PerfModel.step_time` (B may be fractional: a mean batch); P, A: prefill tokens and
     attention work (None: a decode step, B > 0); with `parts`, also whether it is memory-bound."""
     tokens, sampled = (B, B) if P is None else (B + P, B + (np.asarray(P, float) > 0))
-    flops = c.a_tok * tokens + c.a_lm * B + c.a_pair * ctx
-    nbytes = c.b_static + c.b_tok * tokens + c.b_kv * ctx + c.b_exp * c.n_exp * -np.expm1(tokens * c.log_miss)
+    # dense operators (matmuls, experts, LM head) and attention (QK^T/PV FLOPs, KV reads), apart
+    dense_f = c.a_tok * tokens + c.a_lm * B
+    attn_f = c.a_pair * ctx
+    dense_b = c.b_static + c.b_tok * tokens + c.b_exp * c.n_exp * -np.expm1(tokens * c.log_miss)
+    attn_b = c.b_kv * ctx
     if P is not None:  # prefill chunks: their attention, their KV reads and one sampled position
         P = np.asarray(P, float)
-        flops = flops + c.a_pair * A + c.a_lm * (P > 0)
-        nbytes = nbytes + c.b_kv * np.where(P > 0, A / np.maximum(P, 1.0) + P / 2, 0.0)
-    tc, tm = flops / c.flop_rate, nbytes / c.byte_rate
-    t = c.ovh + np.where(c.sum > 0, tc + tm, np.maximum(tc, tm)) + c.ar_tok * tokens + c.ar_fixed + c.seq * sampled
+        dense_f = dense_f + c.a_lm * (P > 0)
+        attn_f = attn_f + c.a_pair * A
+        attn_b = attn_b + c.b_kv * np.where(P > 0, A / np.maximum(P, 1.0) + P / 2, 0.0)
+    tc, tm = (dense_f + attn_f) / c.flop_rate, (dense_b + attn_b) / c.byte_rate
+    body = np.where(c.sum > 0, tc + tm, np.maximum(tc, tm))
+    if np.any(c.per_op > 0):  # combine="per_op": each operator its own roofline, summed
+        ops = (np.maximum(dense_f / c.flop_rate, dense_b / c.byte_rate)
+               + np.maximum(attn_f / c.flop_rate, attn_b / c.byte_rate))
+        body = np.where(c.per_op > 0, ops, body)
+    t = c.ovh + body + c.ar_tok * tokens + c.ar_fixed + c.seq * sampled
     if P is not None:
         t = np.where(tokens > 0, t, 0.0)  # an empty step costs nothing
     return (t, tm >= tc) if parts else t

@@ -63,7 +63,7 @@ class PerfCoeffs:
     kv_eff: float = 0.650  # KV-read rate relative to weight reads
     expert_eff: float = 0.855  # routed-expert matmul rate relative to dense matmuls
     kv_setup_s: float = 0.002  # per KV transfer
-    combine: str = "max"  # "max" (one roofline), "per_op" (per operator) or "sum" (additive; CPUs)
+    combine: str = "per_op"  # "per_op" (per operator), "max" (one roofline) or "sum" (additive; CPUs)
 
     def __post_init__(self) -> None:
         if self.combine not in COMBINE_FORMS:
