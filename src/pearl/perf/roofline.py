@@ -12,9 +12,10 @@ One engine step is timed as
   Each has FLOPs over tp·peak·mfu and bytes over tp·HBM·bw_eff; KV bytes are read at `kv_eff` of the
   weight-read rate (paged, scattered blocks) and routed experts at `expert_eff` of the dense rate
   (small grouped GEMMs, routing, uneven expert load).
-- `combine`: "max" (one roofline for the whole step: compute and memory traffic overlap), "per_op"
-  (each operator its own max(FLOPs, bytes), summed: a mixed step whose matmuls are compute-bound and
-  whose attention is KV-bound pays both), or "sum" (no overlap; fits CPUs better).
+- `combine`: "per_op" (the default: each operator its own max(FLOPs, bytes), summed: a mixed step whose
+  matmuls are compute-bound and whose attention is KV-bound pays both), "max" (one roofline for the
+  whole step: compute and memory traffic overlap; what a GPU calibration fits), or "sum" (no overlap;
+  fits CPUs better).
 - all-reduces (tp > 1): two per layer, each a fixed latency plus tokens·hidden activations moved at the
   hardware's measured bus bandwidth (`Hardware.ring_bw`; S bytes take S·2(tp-1)/tp / ring_bw). The
   latency depends on the engine's all-reduce (`allreduce`): "oneshot", a custom all-reduce whose
