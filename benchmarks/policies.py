@@ -4,7 +4,9 @@ per scenario: baselines as configured and tuned, pearl, bound, ablations).
 Prints each scenario's table, then a summary row per scenario (PEARL / best baseline, tuned or
 planned, which baseline, PEARL / bound) and, LAST, the geometric mean of PEARL / best baseline over the
 scenarios and the minimum PEARL / bound. `--duration` shortens every run (virtual seconds) so the
-whole set fits a small machine; the figures are then those of the shortened runs. `--paper
+whole set fits a small machine; the figures are then those of the shortened runs. A scenario that
+trains a set number of steps (`max_train_steps`: the non-stationary ones) keeps its own length, so
+every policy is judged on the same steps of its schedule. `--paper
 MODEL:CLUSTER:POOL:AVAILABILITY` runs the paper matrix's cells of that model, cluster, pool and
 availability, one per workload (`pearl.runtime.paper.cells`), instead of the shipped scenarios; a cell
 whose trainer is predicted to be the bottleneck (`paper.bottleneck`) is run and printed but left out
@@ -65,7 +67,11 @@ def _scenarios(a, load_config, ScenarioConfig):
     over = {"duration_s": a.duration} if a.duration else None
     if a.paper is None:
         for f in sorted(p for p in (ROOT / "scenarios").glob("*.yaml") if not a.only or a.only in p.stem):
-            yield f.stem, load_config(f, ScenarioConfig, over), False
+            cfg = load_config(f, ScenarioConfig)
+            # A scenario that trains a set number of steps (a non-stationary schedule) is compared at
+            # equal steps: cut at a virtual time, a faster policy would be judged on later, longer
+            # trajectories than a slower one.
+            yield f.stem, (cfg if cfg.max_train_steps else load_config(f, ScenarioConfig, over)), False
         return
     from pearl.runtime.paper import bottleneck, cells
 

@@ -10,7 +10,8 @@ simulated completion of the same number of trajectories admitted at t=0 (stalene
 prefill workers evicts most idle contexts).
 
 Grid: qwen3-8b on h800, 8 rollout devices; five profiles (swe, search, game, math-tool, web); shapes
-colocated×8, 1P:7D, 2P:6D, 4P:4D at tp 1 and colocated×4, 1P:3D at tp 2. The truth is the mean of
+colocated×8, 1P:7D, 2P:6D, 4P:4D at tp 1, colocated×4, 1P:3D at tp 2, colocated×2 at tp 4 and
+colocated×1 at tp 8 (the tp choices the controller weighs: a single engine holds all 512). The truth is the mean of
 `--seeds` simulations (`per_step[0].t_ready`); a single seed's maximum of a heavy-tailed batch varies
 by several percent, and the prediction is an expectation.
 
@@ -43,7 +44,8 @@ from pearl.workloads import Workload  # noqa: E402
 PROFILES = ("swe", "search", "game", "math-tool", "web")
 DEVICES, B, ETA, GROUP = 8, 256, 1, 8
 SHAPES = (LayoutShape.colocated(8, 1), LayoutShape.disaggregated(1, 7, 1), LayoutShape.disaggregated(2, 6, 1),
-          LayoutShape.disaggregated(4, 4, 1), LayoutShape.colocated(4, 2), LayoutShape.disaggregated(1, 3, 2))
+          LayoutShape.disaggregated(4, 4, 1), LayoutShape.colocated(4, 2), LayoutShape.disaggregated(1, 3, 2),
+          LayoutShape.colocated(2, 4), LayoutShape.colocated(1, 8))
 WINDOW_SEED = 999_331  # the estimator's window: trajectories of a seed no simulation uses
 
 

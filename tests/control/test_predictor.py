@@ -182,3 +182,22 @@ def test_a_capped_pipeline_within_12_percent_of_the_simulator(profile, shape):
     # each queued one lives at least as long as a draining batch's mean (more company all its life)
     assert capped.completion_s > batch.completion_s + 3 * batch.breakdown["mean_T"]
     assert capped.tokens_per_s * capped.completion_s == pytest.approx(4 * batch.tokens_per_s * batch.completion_s)
+
+
+def test_decoders_beyond_max_num_seqs_wait():
+    """512 math-tool trajectories on one tp8 engine: about 490 want a decode step at first, the engine
+    runs at most `max_num_seqs` and the rest wait their turn. Taking the batch as max_num_seqs with
+    every decoder advancing each step under-predicted this cell by 10% at 256 (the default)."""
+    shape = LayoutShape.colocated(1, 8)
+    out = {}
+    for seqs in (256, 96):
+        cfg = parse_config(dict(model="qwen3-8b", max_train_steps=1, duration_s=1e7,
+                                engine=dict(tp=8, max_num_seqs=seqs), cluster=dict(rollout_devices=8),
+                                workload=dict(profile="math-tool"),
+                                rl=dict(staleness=0, prompts_per_batch=64, group_size=8)), ScenarioConfig)
+        sim = Simulator(cfg)
+        truth = sim.run()["per_step"][0]["t_ready"]
+        st = WorkloadStats.from_workload(Workload(cfg.workload, 1), 2048)
+        out[seqs] = predict(shape, sim.perf, cfg.engine, st, BatchState.fresh(512)).completion_s, truth
+        assert out[seqs][0] == pytest.approx(truth, rel=0.07), seqs
+    assert out[96][0] > 1.15 * out[256][0]  # fewer slots: longer, as in the simulator

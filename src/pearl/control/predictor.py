@@ -19,9 +19,10 @@ segments at the sorted T_i; within one the alive set is fixed and, per decode-ca
 - the prefill queue (prefill workers, or a mixed worker's chunk budget) is a closed network with
   think time Z (Schweitzer's MVA), so saturation throttles the turns instead of diverging;
 - KV: every alive session holds KV (disaggregated: not while it waits in the prefill queue, its
-  context fetched already); decoders beyond capacity shrink the batch and wait, idle sessions beyond
-  it are evicted: the next turn recomputes the whole context in the prefill queue (a mixed worker's
-  chunks, or a prefill worker's queue unless that worker's own KV still holds it: then it is re-sent);
+  context fetched already); decoders beyond capacity (or beyond the engine's `max_num_seqs`) shrink
+  the batch and wait, idle sessions beyond it are evicted: the next turn recomputes the whole context
+  in the prefill queue (a mixed worker's chunks, or a prefill worker's queue unless that worker's own
+  KV still holds it: then it is re-sent);
 - the tail: late segments hold few trajectories, so the longest finish at low concurrency.
 - per-role tp (`LayoutShape.tp_prefill`): prefill work (a prefill worker's steps, the first prompts'
   burst, recomputed contexts, its KV capacity) is timed with the prefill workers' model, decode with

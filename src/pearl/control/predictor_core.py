@@ -146,7 +146,7 @@ def _solve(cf, n_dw, n_p, dis, p_same, engine: EngineConfig, reps: BatchReps, to
         if ic.size:
             wt = (r.nu * dt)[ic]
             wsum = np.maximum(wt.sum(1, keepdims=True), 1e-12)
-            b_ref, ctx_ref = (g.B[ic] * wt).sum(1, keepdims=True) / wsum, (g.ctx[ic] * wt).sum(1, keepdims=True) / wsum
+            b_ref, ctx_ref = (g.B_run[ic] * wt).sum(1, keepdims=True) / wsum, (g.ctx[ic] * wt).sum(1, keepdims=True) / wsum
         # Converged once every shape still in contention (within 1.2x of the best) has: far worse
         # shapes (a starved decode side can oscillate) need no more precision to lose.
         tmax = new.max(axis=1)
@@ -232,11 +232,12 @@ def _segments(s: SimpleNamespace, engine: EngineConfig, T, tau_h, wait) -> Simpl
         S_w, S_p, S_pc, S_ps, S_c0, S_sl, S_k, S_z, S_q = np.cumsum(parts[:, :, ::-1], axis=2)[:, :, ::-1]
     oth = np.maximum(S_w - 1, 0) / np.maximum(S_w, 1e-12)  # share of the alive that are others
     S_c, S_all = S_pc + S_ps * tmid, S_c0 + S_sl * tmid  # contexts decoding / held by all alive
-    B = np.minimum(1 + S_p * oth * mate, engine.max_num_seqs)
+    B = 1 + S_p * oth * mate  # decoders wanting a step (the engine runs at most max_num_seqs)
     ctx, own_ctx = S_c * oth * mate, S_c / np.maximum(S_p, 1e-12)
-    # KV beyond capacity: decoders wait (the batch shrinks by kv_slow, each advances kv_slow times
-    # slower); idle sessions are evicted, so a share `evict` of turns recomputes / re-sends it all.
-    kv_slow = np.maximum(1.0, (ctx + own_ctx) / cf.cap)
+    # KV beyond capacity, or decoders beyond max_num_seqs: they wait (the batch shrinks by kv_slow,
+    # each advances kv_slow times slower); idle sessions beyond KV are evicted, so a share `evict` of
+    # turns recomputes / re-sends it all.
+    kv_slow = np.maximum(np.maximum(1.0, (ctx + own_ctx) / cf.cap), B / engine.max_num_seqs)
     # Disaggregated, a session waiting in the prefill queue has had its context fetched already (its
     # copy on the decode worker is the first to go, harmlessly): only those decoding or in their
     # environment need it kept there.
@@ -254,7 +255,7 @@ def _segments(s: SimpleNamespace, engine: EngineConfig, T, tau_h, wait) -> Simpl
     svc_ev = rcmp * recompute  # per turn, in the prefill queue (a prefill worker's or a mixed one's)
     lat_ev = svc_ev + np.where(s.dis, evict * m_ctx * s.xfer, 0.0)  # per turn, on its critical path
     return SimpleNamespace(flat=flat, ws=ws, Dn_s=Dn_s, E_s=E_s, Cd_s=Cd_s, K_s=K_s, Ts=Ts, own_s=own_s,
-                           ps=ps, dt=dt, S_w=S_w, S_k=S_k, S_z=S_z, oth=oth, B=B, ctx=ctx, own_ctx=own_ctx,
+                           ps=ps, dt=dt, S_w=S_w, S_k=S_k, S_z=S_z, oth=oth, B=B, B_run=np.minimum(B, engine.max_num_seqs), ctx=ctx, own_ctx=own_ctx,
                            kv_slow=kv_slow, evict=evict, svc_ev=svc_ev, lat_ev=lat_ev)
 
 
@@ -319,7 +320,7 @@ def _spread(s: SimpleNamespace, g: SimpleNamespace, r: SimpleNamespace, T, tau_h
     var = np.maximum(e2 - e1 ** 2, 0.0) * m * np.clip((n_all - 1 - m) / max(n_all - 2, 1.0), 0.0, 1.0)
     sigma, om = np.empty(C * N), np.empty(C * N)
     sigma[flat], om[flat] = (_REBALANCE * Dn_s * th_s ** 2 / Ts * np.sqrt(var)).ravel(), r.I_om.ravel()
-    return dict(T=T, sigma=sigma.reshape(C, N), iters=iters, concurrency=(B * dt).sum(1) / Ts[:, -1], tau_h=tau_h,
+    return dict(T=T, sigma=sigma.reshape(C, N), iters=iters, concurrency=(g.B_run * dt).sum(1) / Ts[:, -1], tau_h=tau_h,
                 own=s.own + s.burst, omega=om.reshape(C, N) / T, evict=(evict * dt).sum(1) / Ts[:, -1],
                 segments=dict(end=Ts, B=B, ctx=ctx, step=tau_e, wait=r.wq, evict=evict))  # for inspection
 
