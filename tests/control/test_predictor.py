@@ -201,3 +201,17 @@ def test_decoders_beyond_max_num_seqs_wait():
         out[seqs] = predict(shape, sim.perf, cfg.engine, st, BatchState.fresh(512)).completion_s, truth
         assert out[seqs][0] == pytest.approx(truth, rel=0.07), seqs
     assert out[96][0] > 1.15 * out[256][0]  # fewer slots: longer, as in the simulator
+
+
+def test_recomputed_contexts_pay_their_all_reduces():
+    """512 swe trajectories on one tp8 engine thrash its KV: most turns recompute their whole context
+    (~250M prefill tokens for ~5M decoded). At tp 8 each recomputed token's all-reduces cost more than
+    its FLOPs; pricing the recompute by FLOPs alone under-predicted this cell by 39%."""
+    shape = LayoutShape.colocated(1, 8)
+    cfg = parse_config(dict(model="qwen3-8b", max_train_steps=1, duration_s=1e7, engine=dict(tp=8),
+                            cluster=dict(rollout_devices=8), workload=dict(profile="swe"),
+                            rl=dict(staleness=0, prompts_per_batch=64, group_size=8)), ScenarioConfig)
+    sim = Simulator(cfg)
+    truth = sim.run()["per_step"][0]["t_ready"]
+    st = WorkloadStats.from_workload(Workload(cfg.workload, 1), 2048)
+    assert predict(shape, sim.perf, cfg.engine, st, BatchState.fresh(512)).completion_s == pytest.approx(truth, rel=0.15)

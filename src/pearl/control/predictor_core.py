@@ -185,7 +185,7 @@ def _start(cf, n_dw, n_p, dis, p_same, reps: BatchReps, cfp, steady: bool = Fals
     # The first prompts all arrive at t=0: a trajectory waits, on average, for half of its worker's
     # other prompts (chunked together, so compute-bound).
     n_all = w.sum()
-    p_time = (cfp.a_tok * prompt + cfp.a_pair * prompt ** 2 / 2) / cfp.flop_rate
+    p_time = (cfp.a_tok * prompt + cfp.a_pair * prompt ** 2 / 2) / cfp.flop_rate + cfp.ar_tok * prompt
     p_mean = (p_time * w * fresh).sum(1, keepdims=True) / max((w * fresh).sum(), 1e-9)
     burst = 0.5 * np.maximum((w * fresh).sum() / np.where(dis, n_p, n_dw) - 1, 0) * p_mean * fresh * (not steady)
     # Of the N-1 others, N/n - 1 share a trajectory's worker (spread evenly, then session affinity).
@@ -221,15 +221,19 @@ def _segments(s: SimpleNamespace, engine: EngineConfig, T, tau_h, wait) -> Simpl
     slope = grow / Ts  # context growth per second while alive
     # Sums over the alive (reverse cumulative sums in completion order), all in one pass.
     queued = np.minimum((K_s * wait_s + own_s) / Ts, 1.0)  # share of its life in the prefill queue
-    parts = np.stack([ws, ws * ps, wc0 * ps, ws * ps * slope, wc0, ws * slope, wK / Ts, ws * think, ws * queued])
+    c0 = wc0 / np.maximum(ws, 1e-12)
+    parts = np.stack([ws, ws * ps, wc0 * ps, ws * ps * slope, wc0, ws * slope, wK / Ts, ws * think, ws * queued,
+                      wc0 * c0, 2 * wc0 * slope, ws * slope ** 2])
     if s.steady:  # replaced as they finish: the alive are each kind in proportion to its life, at mid-life
         parts[3] *= Ts / 2
         parts[5] *= Ts / 2
+        parts[10] *= Ts / 2
+        parts[11] *= Ts ** 2 / 3
         tmid = 1.0
         sums = (parts * (s.n_all * Ts / (ws * Ts).sum(1, keepdims=True))).sum(2, keepdims=True)
-        S_w, S_p, S_pc, S_ps, S_c0, S_sl, S_k, S_z, S_q = np.broadcast_to(sums, parts.shape)
+        S_w, S_p, S_pc, S_ps, S_c0, S_sl, S_k, S_z, S_q, S_a, S_b, S_d = np.broadcast_to(sums, parts.shape)
     else:
-        S_w, S_p, S_pc, S_ps, S_c0, S_sl, S_k, S_z, S_q = np.cumsum(parts[:, :, ::-1], axis=2)[:, :, ::-1]
+        S_w, S_p, S_pc, S_ps, S_c0, S_sl, S_k, S_z, S_q, S_a, S_b, S_d = np.cumsum(parts[:, :, ::-1], axis=2)[:, :, ::-1]
     oth = np.maximum(S_w - 1, 0) / np.maximum(S_w, 1e-12)  # share of the alive that are others
     S_c, S_all = S_pc + S_ps * tmid, S_c0 + S_sl * tmid  # contexts decoding / held by all alive
     B = 1 + S_p * oth * mate  # decoders wanting a step (the engine runs at most max_num_seqs)
@@ -244,7 +248,10 @@ def _segments(s: SimpleNamespace, engine: EngineConfig, T, tau_h, wait) -> Simpl
     demand = S_all * np.where(s.dis, 1.0 - S_q / np.maximum(S_w, 1e-12), 1.0) * oth * mate + own_ctx
     evict = np.minimum(np.maximum(demand - cf.cap, 0.0) / np.maximum(demand - ctx - own_ctx, 1.0), 1.0)
     m_ctx = S_all / np.maximum(S_w, 1e-12)
-    recompute = (s.cfp.a_tok * m_ctx + s.cfp.a_pair * m_ctx ** 2 / 2) / s.cfp.flop_rate
+    m_sq = (S_a + S_b * tmid + S_d * tmid ** 2) / np.maximum(S_w, 1e-12)  # the alive contexts' mean square
+    # (its FLOPs, and at tp > 1 the all-reduces of every recomputed token: at tp 8 they cost more)
+    recompute = ((s.cfp.a_tok * m_ctx + s.cfp.a_pair * np.maximum(m_sq, m_ctx ** 2) / 2) / s.cfp.flop_rate
+                 + s.cfp.ar_tok * m_ctx)
     # Colocated, an evicted context is recomputed in the worker's own chunks. Disaggregated, the
     # prefill worker that last prefilled it re-sends it if it still holds it: the prefill workers keep
     # the most recently active contexts up to their own KV capacity (a share `held_p` of them), the
