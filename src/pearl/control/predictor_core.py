@@ -105,6 +105,12 @@ def _step(c, B, ctx, P=None, A=None, parts: bool = False):
     return (t, tm >= tc) if parts else t
 
 
+def _prefill_s(c, n, n_sq=None):
+    """Seconds to prefill n tokens from scratch: FLOPs (attention at `n_sq`, the lengths' mean square,
+    where n is a mean) and, at tp > 1, every token's all-reduces (at tp 8 they cost more)."""
+    return (c.a_tok * n + c.a_pair * (n ** 2 if n_sq is None else np.maximum(n_sq, n ** 2)) / 2) / c.flop_rate + c.ar_tok * n
+
+
 # ------------------------------------------------------------------ the batch as representatives
 @dataclass(frozen=True, eq=False)
 class BatchReps:
@@ -185,7 +191,7 @@ def _start(cf, n_dw, n_p, dis, p_same, reps: BatchReps, cfp, steady: bool = Fals
     # The first prompts all arrive at t=0: a trajectory waits, on average, for half of its worker's
     # other prompts (chunked together, so compute-bound).
     n_all = w.sum()
-    p_time = (cfp.a_tok * prompt + cfp.a_pair * prompt ** 2 / 2) / cfp.flop_rate + cfp.ar_tok * prompt
+    p_time = _prefill_s(cfp, prompt)
     p_mean = (p_time * w * fresh).sum(1, keepdims=True) / max((w * fresh).sum(), 1e-9)
     burst = 0.5 * np.maximum((w * fresh).sum() / np.where(dis, n_p, n_dw) - 1, 0) * p_mean * fresh * (not steady)
     # Of the N-1 others, N/n - 1 share a trajectory's worker (spread evenly, then session affinity).
@@ -225,9 +231,7 @@ def _segments(s: SimpleNamespace, engine: EngineConfig, T, tau_h, wait) -> Simpl
     parts = np.stack([ws, ws * ps, wc0 * ps, ws * ps * slope, wc0, ws * slope, wK / Ts, ws * think, ws * queued,
                       wc0 * c0, 2 * wc0 * slope, ws * slope ** 2])
     if s.steady:  # replaced as they finish: the alive are each kind in proportion to its life, at mid-life
-        parts[3] *= Ts / 2
-        parts[5] *= Ts / 2
-        parts[10] *= Ts / 2
+        parts[[3, 5, 10]] *= Ts / 2
         parts[11] *= Ts ** 2 / 3
         tmid = 1.0
         sums = (parts * (s.n_all * Ts / (ws * Ts).sum(1, keepdims=True))).sum(2, keepdims=True)
@@ -249,9 +253,7 @@ def _segments(s: SimpleNamespace, engine: EngineConfig, T, tau_h, wait) -> Simpl
     evict = np.minimum(np.maximum(demand - cf.cap, 0.0) / np.maximum(demand - ctx - own_ctx, 1.0), 1.0)
     m_ctx = S_all / np.maximum(S_w, 1e-12)
     m_sq = (S_a + S_b * tmid + S_d * tmid ** 2) / np.maximum(S_w, 1e-12)  # the alive contexts' mean square
-    # (its FLOPs, and at tp > 1 the all-reduces of every recomputed token: at tp 8 they cost more)
-    recompute = ((s.cfp.a_tok * m_ctx + s.cfp.a_pair * np.maximum(m_sq, m_ctx ** 2) / 2) / s.cfp.flop_rate
-                 + s.cfp.ar_tok * m_ctx)
+    recompute = _prefill_s(s.cfp, m_ctx, m_sq)
     # Colocated, an evicted context is recomputed in the worker's own chunks. Disaggregated, the
     # prefill worker that last prefilled it re-sends it if it still holds it: the prefill workers keep
     # the most recently active contexts up to their own KV capacity (a share `held_p` of them), the
