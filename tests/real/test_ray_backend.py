@@ -59,25 +59,29 @@ def test_ray_worker_killed_mid_run_loses_no_trajectory(tmp_path):
 
     init_local(num_cpus=2)  # 127.0.0.1 only, token auth
     try:
-        killed = []
+        killed, done = [], threading.Event()
 
         def kill_worker_1():
-            # After the first trainer step the rollout is in full flow: kill worker 1 then.
-            deadline = time.monotonic() + 240
+            # After the first trainer step the rollout is in full flow: kill worker 1 then (never once
+            # the run has ended: it would find nothing to kill and must not touch Ray any more).
             metrics = tmp_path / "metrics.jsonl"
-            while time.monotonic() < deadline:
+            while not done.wait(0.01):
+                if not (metrics.exists() and metrics.read_text().strip()):
+                    continue
                 names = [a["name"] if isinstance(a, dict) else a for a in ray.util.list_named_actors()]
                 w1 = [n for n in names if n.startswith("pearl-rollout-1-")]
-                if w1 and metrics.exists() and metrics.read_text().strip():
+                if w1:
                     ray.kill(ray.get_actor(w1[0]))
                     killed.append(w1[0])
                     return
-                time.sleep(0.01)
 
         t = threading.Thread(target=kill_worker_1, daemon=True)
         t.start()
-        s = _run(tmp_path, max_steps=4)
-        t.join(timeout=5)
+        try:
+            s = _run(tmp_path, max_steps=4)
+        finally:
+            done.set()
+            t.join(timeout=30)
         assert killed, "worker 1 was never killed"
         assert s["steps"] == 4 and s["final_version"] >= 1
         assert s["ray_workers_lost"] == 1

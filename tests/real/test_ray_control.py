@@ -9,7 +9,6 @@ import os
 import random
 import signal
 import threading
-import time
 
 import pytest
 from rich.console import Console
@@ -70,24 +69,36 @@ def actor_pids(prefix="pearl-rollout-"):
     return out
 
 
-def killer(tmp_path, after_steps, pick, killed, delay_s=0.0):
-    """Once `after_steps` steps are logged (+ `delay_s`), SIGKILL the process of the actor `pick` chooses."""
-    def go():
-        metrics, deadline = tmp_path / "metrics.jsonl", time.monotonic() + 300
-        while time.monotonic() < deadline:
-            if metrics.exists() and len(metrics.read_text().splitlines()) >= after_steps:
-                time.sleep(delay_s)
-                pids = actor_pids()
-                if pids:
-                    name = pick(sorted(pids))
-                    os.kill(pids[name], signal.SIGKILL)
-                    killed.append(name)
-                    return
-            time.sleep(0.01)
+class killer:
+    """Once `after_steps` steps are logged (+ `delay_s`), SIGKILL the process of the actor `pick` chooses;
+    `join` (once the run has returned) stops it, so that it never outlives its run to kill or query
+    the next test's actors."""
 
-    t = threading.Thread(target=go, daemon=True)
-    t.start()
-    return t
+    def __init__(self, tmp_path, after_steps, pick, killed, delay_s=0.0):
+        self.done = threading.Event()
+
+        def go():
+            metrics = tmp_path / "metrics.jsonl"
+            while not self.done.wait(0.01):
+                if metrics.exists() and len(metrics.read_text().splitlines()) >= after_steps:
+                    if self.done.wait(delay_s):
+                        return
+                    pids = actor_pids()
+                    if pids and not self.done.is_set():
+                        name = pick(sorted(pids))
+                        os.kill(pids[name], signal.SIGKILL)
+                        killed.append(name)
+                        return
+
+        self.thread = threading.Thread(target=go, daemon=True)
+        self.thread.start()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.done.set()
+        self.thread.join(30)
 
 
 def test_ray_worse_start_is_switched_for_real_and_nothing_is_lost(local_ray, tmp_path, tmp_path_factory):
@@ -152,18 +163,24 @@ def test_ray_the_only_actor_killed_while_it_holds_the_lent_core_loses_nothing(lo
             widen.set()
 
     def kill_mid_lend(nth=rng.randint(1, 3), delay=rng.uniform(0.0, 0.15)):
-        while widen.wait(300) and lends[0] < nth:
+        while lends[0] < nth and not done.is_set():
+            widen.wait(0.05)
             widen.clear()
-        time.sleep(delay)
+        if lends[0] < nth or done.wait(delay):
+            return  # the run ended first: never touch the next test's actors
         pids = actor_pids()
         os.kill(pids[sorted(pids)[0]], signal.SIGKILL)
         killed.append(nth)
 
     monkeypatch.setattr(rc.RealControl, "resize", resize_and_note)
+    done = threading.Event()
     t = threading.Thread(target=kill_mid_lend, daemon=True)
     t.start()
-    s = run(tmp_path, max_steps=5, seed=seed, **LENDING)
-    t.join(timeout=5)
+    try:
+        s = run(tmp_path, max_steps=5, seed=seed, **LENDING)
+    finally:
+        done.set()
+        t.join(timeout=30)
     s["_dir"] = tmp_path
     assert killed and s["ray_workers_lost"] == 1, [d["reason"][:80] for d in s["decisions"]]
     assert s["steps"] == 5 and s["trajectories"]["failed"] == 0, s["trajectories"]
@@ -175,9 +192,8 @@ def test_ray_the_only_actor_killed_while_it_holds_the_lent_core_loses_nothing(lo
 
 def test_ray_engine_process_killed_mid_run_completes(local_ray, tmp_path):
     killed = []
-    t = killer(tmp_path, 1, random.Random(0).choice, killed)
-    s = run(tmp_path, max_steps=2, layout="colocated")
-    t.join(timeout=5)
+    with killer(tmp_path, 1, random.Random(0).choice, killed):
+        s = run(tmp_path, max_steps=2, layout="colocated")
     s["_dir"] = tmp_path
     assert killed and s["steps"] == 2 and s["ray_workers_lost"] == 1
     books_balance(s)
@@ -186,9 +202,8 @@ def test_ray_engine_process_killed_mid_run_completes(local_ray, tmp_path):
 def test_ray_prefill_worker_killed_the_run_re_lays_out(local_ray, tmp_path):
     # 1P:1D kept by the periodic ticks (far apart); the loss itself makes the controller re-decide
     killed = []
-    t = killer(tmp_path, 1, lambda names: next(n for n in names if n.startswith("pearl-rollout-0-")), killed)
-    s = run(tmp_path, layout="1P:1D", max_steps=3, policy={"decision_interval_s": 600, "min_dwell_s": 0})
-    t.join(timeout=5)
+    with killer(tmp_path, 1, lambda names: next(n for n in names if n.startswith("pearl-rollout-0-")), killed):
+        s = run(tmp_path, layout="1P:1D", max_steps=3, policy={"decision_interval_s": 600, "min_dwell_s": 0})
     s["_dir"] = tmp_path
     assert killed and killed[0].startswith("pearl-rollout-0-") and s["ray_workers_lost"] == 1
     assert s["steps"] == 3 and s["controller"]["layout_final"] != "1P:1D"
@@ -202,9 +217,8 @@ def test_ray_random_engine_killed_at_a_random_moment(local_ray, tmp_path, seed):
     rng = random.Random(seed)
     killed = []
     # a step takes about a second here: the kill lands after 1-4 steps, anywhere within a step
-    t = killer(tmp_path, rng.randint(1, 4), rng.choice, killed, delay_s=rng.uniform(0.0, 0.5))
-    s = run(tmp_path, max_steps=8, layout=rng.choice(["colocated", "1P:1D"]), seed=seed)
-    t.join(timeout=5)
+    with killer(tmp_path, rng.randint(1, 4), rng.choice, killed, delay_s=rng.uniform(0.0, 0.5)):
+        s = run(tmp_path, max_steps=8, layout=rng.choice(["colocated", "1P:1D"]), seed=seed)
     s["_dir"] = tmp_path
     assert killed and s["steps"] == 8 and s["ray_workers_lost"] >= 1
     books_balance(s)
@@ -216,12 +230,11 @@ def test_ray_long_context_hand_offs_with_no_room_and_a_killed_decode_worker(loca
     worker's process killed mid-run: the run completes and the books balance. (It found a crash: a
     worker that died while finished environment steps were handed out was still stepped.)"""
     killed = []
-    t = killer(tmp_path, 2, lambda names: next(n for n in names if n.startswith("pearl-rollout-0-")), killed,
-               delay_s=0.5)
-    s = run(tmp_path, layout="1P:1D", max_steps=4, engine={"kv_capacity_tokens": 16384},
-            env={"name": "gridworld-shift", "kwargs": {"shift_after": 0, "pad": 600}},
-            policy={"name": "fixed"})
-    t.join(timeout=5)
+    with killer(tmp_path, 2, lambda names: next(n for n in names if n.startswith("pearl-rollout-0-")), killed,
+                delay_s=0.5):
+        s = run(tmp_path, layout="1P:1D", max_steps=4, engine={"kv_capacity_tokens": 16384},
+                env={"name": "gridworld-shift", "kwargs": {"shift_after": 0, "pad": 600}},
+                policy={"name": "fixed"})
     s["_dir"] = tmp_path
     assert killed and s["steps"] == 4 and s["ray_workers_lost"] == 1
     books_balance(s)
