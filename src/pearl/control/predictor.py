@@ -6,9 +6,10 @@ progress, predict the completion time of the whole batch under candidate `Layout
 
 Model (DESIGN.md §3.2). The batch is a set of trajectories (turns of: prefill the new tokens, decode
 the response, wait on the environment), known or sampled from the workload, each standing for a share
-of the batch. Trajectory i takes T_i = env + own prefill (+ KV hand-offs) + Dn·τ_h + own-context reads
-+ turns·(queue wait + join). The rates depend on who is still running, so the batch is cut into
-segments at the sorted T_i; within one the alive set is fixed and, per decode-capable worker:
+of the batch. A turn of trajectory i takes (Dn·τ + own-context reads + env + own prefill (+ KV
+hand-offs))/turns + queue wait + join at the pace of the moment, and T_i is where its turns are done.
+The rates depend on who is still running, so the batch is cut into segments at the sorted T_i;
+within one the alive set is fixed and, per decode-capable worker:
 - decode concurrency (Little's law): B = 1 + Σ_{alive mates} p_j, p_j = j's share of life decoding
   (one waiting on its environment holds KV, not a batch slot); mates = the N/n − 1 others sharing its
   worker. A fixed point: p depends on τ, τ on B;
@@ -17,7 +18,9 @@ segments at the sorted T_i; within one the alive set is fixed and, per decode-ca
 - disaggregated: a turn fetches its response's KV from the decode worker, prefills on a prefill
   worker and hands the new KV back (`kv_transfer_time`, same-node share from the device order);
 - the prefill queue (prefill workers, or a mixed worker's chunk budget) is a closed network with
-  think time Z (Schweitzer's MVA), so saturation throttles the turns instead of diverging;
+  think time Z (Schweitzer's MVA), so saturation throttles the turns instead of diverging; a prefill
+  worker serves a turn at no less than its FLOPs and all-reduces (queued prompts share a chunk), and
+  the first prompts' burst is that queue's first wait, not added to it;
 - KV: every alive session holds KV (disaggregated: not while it waits in the prefill queue, its
   context fetched already); decoders beyond capacity (or beyond the engine's `max_num_seqs`) shrink
   the batch and wait, idle sessions beyond it are evicted: the next turn recomputes the whole context
@@ -28,18 +31,21 @@ segments at the sorted T_i; within one the alive set is fixed and, per decode-ca
 - per-role tp (`LayoutShape.tp_prefill`): prefill work (a prefill worker's steps, the first prompts'
   burst, recomputed contexts, its KV capacity) is timed with the prefill workers' model, decode with
   the decode workers'; a hand-off between the two moves at the slower side's links.
-A trajectory decodes a steady share of its life, so its tokens see the harmonic mean τ_h of the step
-time over [0, T_i]. Its mates are a random draw fixed for life; linearised, they spread T_i by σ_i.
+Its turns progress at each segment's pace (long waits early, a saturated queue, crowd its turns into
+the fast late segments); τ_h, the harmonic mean of the step time over [0, T_i], sets its share of
+life decoding. Its mates are a random draw fixed for life; linearised, they spread T_i by σ_i.
 Completion = E[max] of T_i ~ N(T_i, σ_i): known trajectories as they are, a sampled class as n_c
 draws: ∫ (1 − Π Φ · Π_c F_c^n_c) dt. Never below the slowest trajectory's critical path.
 Under a cap on trajectories in flight (`BatchState.queued` more wait behind the batch), the queue goes
 through in steady state: every finished trajectory replaced at once, so the alive set holds each kind
 in proportion to its life, at mid-life, all the time (one more fixed point, no segments); the queued
-take (queued / in flight) mean steady lives (Little's law) before the last batch's E[max].
+take (queued / in flight + (1 − CV²)/2) mean steady lives (renewal: the slots start together)
+before the last batch's E[max].
 
 Here: the workload's statistics, the batch state, its representatives (`prepare`) and the entry points.
-The numeric core (the vectorised roofline `_Coeffs`/`_step`, the fixed point `_solve`, the spread and
-E[max]) is `pearl.control.predictor_core`; `BatchReps`, `_Coeffs` and `_step` are re-exported here.
+The numeric core (the vectorised roofline `_Coeffs`/`_step`, the fixed point `_solve`, the spread) is
+`pearl.control.predictor_core`, the geometry and E[max] `pearl.control.predictor_end`; `BatchReps`,
+`_Coeffs` and `_step` are re-exported here.
 
 What it must not do: simulate events, own time, or import torch, Ray, asyncio or `time`.
 """
@@ -53,7 +59,8 @@ from typing import Iterable, Sequence
 import numpy as np
 
 from pearl.config import EngineConfig
-from pearl.control.predictor_core import BatchReps, _Coeffs, _expected_max, _same_node_share, _solve
+from pearl.control.predictor_core import BatchReps, _Coeffs, _solve
+from pearl.control.predictor_end import _expected_max, _same_node_share
 from pearl.control.predictor_core import _step  # noqa: F401  (re-exported: tests check it against the roofline)
 from pearl.perf.roofline import PerfModel
 from pearl.types import LayoutShape, Mode, Role
@@ -109,6 +116,15 @@ class WorkloadStats:
     def work_score(self) -> np.ndarray:
         """A rough critical path per sample (env + 10 ms per response token), to order samples by."""
         return self.env_latency.sum(1) + 0.01 * self.responses.sum(1)
+
+    @cached_property
+    def work_features(self) -> np.ndarray:
+        """Per sample, standardised, the sums `_work` makes of it from its first turn (turns, decode
+        steps, prefill tokens, environment seconds, own-context reads): what a representative should
+        match of those it stands for."""
+        w = _work(self, np.arange(self.size), np.zeros(self.size, int), None)
+        f = np.stack([w[k] for k in ("K", "Dn", "X", "E", "Cd")], 1)
+        return (f - f.mean(0)) / np.maximum(f.std(0), 1e-12)
 
     def spec(self, i: int) -> TrajectorySpec:
         k = int(self.turns[i])
@@ -253,15 +269,30 @@ def prepare(stats: WorkloadStats, batch: BatchState, max_reps: int = 512,
 
 def _thin(stats: WorkloadStats, rows: np.ndarray, max_reps: int) -> tuple[np.ndarray, np.ndarray]:
     """At most `max_reps` rows with probability masses: the heaviest quarter (by a rough critical
-    path) one by one, since they decide the batch's end; the rest thinned evenly."""
+    path) one by one, since they decide the batch's end; the rest in buckets by that score, finer
+    towards the top, each stood for by one member, the masses calibrated to the bucket's sums."""
     if rows.size <= max_reps:
         return rows, np.full(rows.size, 1.0 / rows.size)
-    order = rows[np.argsort(stats.work_score[rows])]
+    order = rows[np.argsort(stats.work_score[rows], kind="stable")]
     top = max_reps // 4
     bulk, head = order[:-top], order[-top:]
-    pick = np.linspace(0, bulk.size - 1, max_reps - top).round().astype(int)
-    edges = np.concatenate([[0], (pick[1:] + pick[:-1]) // 2 + 1, [bulk.size]])
-    return np.concatenate([bulk[pick], head]), np.concatenate([np.diff(edges), np.ones(top)]) / rows.size
+    # Buckets shrink towards the top (their size grows with the square of the rank from it): the
+    # batch's end is decided there, by the ones still running late and the pace they leave each other.
+    m, j = max_reps - top, np.arange(max_reps - top + 1)
+    from_top = np.maximum.accumulate(np.round(bulk.size * (j / m) ** 2) - j) + j
+    edges = bulk.size - np.clip(from_top, j, bulk.size - m + j).astype(int)[::-1]
+    # Each bucket is stood for by its member nearest the bucket's mean work
+    # (`work_features`): one drawn at random would carry its own prefill, environment and context
+    # totals, and a few dozen such draws miss the batch's sums by 10-20%.
+    f, n = stats.work_features[bulk], np.diff(edges)
+    bucket = np.repeat(np.arange(n.size), n)
+    dist = ((f - (np.add.reduceat(f, edges[:-1]) / n[:, None])[bucket]) ** 2).sum(1)
+    pick = np.lexsort((dist, bucket))[edges[:-1]]
+    # Then their masses are calibrated (linearly, within 1/4-4x of the bucket's) to the bulk's sums.
+    x = np.concatenate([np.ones((n.size, 1)), f[pick]], 1)
+    lam = np.linalg.lstsq(x.T @ (n[:, None] * x), np.concatenate([[bulk.size], f.sum(0)]) - n @ x, rcond=None)[0]
+    mass = n * np.clip(1 + x @ lam, 0.25, 4.0)
+    return np.concatenate([bulk[pick], head]), np.concatenate([mass * bulk.size / mass.sum(), np.ones(top)]) / rows.size
 
 
 # ------------------------------------------------------------------ entry points
@@ -299,7 +330,11 @@ def predict_many(shapes: Sequence[LayoutShape], perfs: Sequence[PerfModel], engi
     if batch.queued > 0:
         run = _solve(cf, n_dw, n_p, dis, p_same, engine, reps, tol, cfp, steady=True)
         steady_T = (w * run["T"]).sum(1) / w.sum()
-        comp, gen = comp + batch.queued * steady_T / w.sum(), gen * (1 + batch.queued / w.sum())
+        # Renewal theory: each slot's k-th replacement starts at about (k + (1 - CV²)/2) mean lives, the
+        # lives' CV² (spread and mates' noise) from the steady solve (all slots start together at t=0).
+        cv2 = (w * ((run["T"] - steady_T[:, None]) ** 2 + run["sigma"] ** 2)).sum(1) / w.sum() / steady_T ** 2
+        comp = comp + np.maximum(batch.queued / w.sum() + (1 - cv2) / 2, 0.0) * steady_T
+        gen = gen * (1 + batch.queued / w.sum())
     out = []
     for i, s in enumerate(shapes):
         j = int(np.argmin(np.abs(T[i] - end[i])))  # the critical trajectory: the one ending nearest

@@ -1,7 +1,8 @@
 """Numeric core of the batch-completion predictor (`pearl.control.predictor`, whose docstring states the
 model): the vectorised roofline (`_Coeffs`, `_step`), the batch as weighted representatives
-(`BatchReps`), the fixed point over the completion-ordered segments (`_solve`), the worker-mate spread
-and the E[max] of the completion times (`_expected_max`).
+(`BatchReps`), the fixed point over the completion-ordered segments (`_solve`), each one's end as its
+turns progress at the segments' pace (`_progress`) and the worker-mate spread (`_spread`). The
+geometry and the E[max] of the completion times are `pearl.control.predictor_end`.
 
 Imports nothing of `pearl.control.predictor` (which imports this module and re-exports what it needs).
 What it must not do: simulate events, own time, or import torch, Ray, asyncio or `time`.
@@ -9,16 +10,13 @@ What it must not do: simulate events, own time, or import torch, Ray, asyncio or
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import lru_cache
 from types import SimpleNamespace
 from typing import Sequence
 
 import numpy as np
-from scipy.special import ndtr
 
 from pearl.config import EngineConfig
 from pearl.perf.roofline import PerfModel
-from pearl.types import LayoutShape, Mode, Role
 
 _REBALANCE = 1.0  # the worker-mate spread kept whole (see _spread)
 
@@ -184,8 +182,11 @@ def _start(cf, n_dw, n_p, dis, p_same, reps: BatchReps, cfp, steady: bool = Fals
     if idis.size:
         s_e = _step(cd, 0.0, 0.0, ev_x, ev_a)
         # Queued turns share steps (a chunk takes every waiting prompt up to the token budget), so
-        # the queue drains at the marginal cost of a turn: its step less an empty step's overhead.
-        s1[idis] = (np.maximum(s_e - _step(cd, 0.0, 0.0, 1.0, 0.5), 0.0) * ev_w).sum(1, keepdims=True)
+        # the queue drains at the marginal cost of a turn: its step less an empty step's overhead, and
+        # at least its FLOPs and all-reduces (small prompts ride a weight-read-bound step alone, not
+        # when the queue packs them into one chunk).
+        flops = (cd.a_tok * ev_x + cd.a_lm + cd.a_pair * ev_a) / cd.flop_rate + cd.ar_tok * ev_x
+        s1[idis] = (np.maximum(s_e - _step(cd, 0.0, 0.0, 1.0, 0.5), flops) * ev_w).sum(1, keepdims=True)
         own[idis] = (np.add.reduceat(s_e * ev_m, starts, axis=1) + (2 * K - fresh) * cd.setup
                      + (X + F) * xfer[idis])
     # The first prompts all arrive at t=0: a trajectory waits, on average, for half of its worker's
@@ -219,7 +220,8 @@ def _segments(s: SimpleNamespace, engine: EngineConfig, T, tau_h, wait) -> Simpl
     order = np.argsort(T, axis=1)
     flat = (order + s.rowoff).ravel()
     ws, wc0, wK, Dn_s, E_s, Cd_s, K_s, grow = s.per_rep[:, order]
-    Ts, th_prev, own_s, wait_s = np.stack([T, tau_h, s.own + s.burst, wait]).reshape(4, -1)[:, flat].reshape(4, C, N)
+    Ts, th_prev, own_s, wait_s, burst_s = np.stack([T, tau_h, s.own + s.burst, wait, s.burst + 0 * T]).reshape(
+        5, -1)[:, flat].reshape(5, C, N)
     think = np.maximum(Ts / K_s - wait_s - own_s / K_s, 0.0)  # a turn's time outside the prefill queue
     ps = np.minimum(Dn_s * th_prev / Ts, 1.0)  # share of its life decoding (Little's law)
     prev = np.concatenate([np.zeros((C, 1)), Ts[:, :-1]], axis=1)
@@ -263,7 +265,7 @@ def _segments(s: SimpleNamespace, engine: EngineConfig, T, tau_h, wait) -> Simpl
     rcmp = np.where(s.dis, np.minimum(evict, 1.0 - held_p), evict)
     svc_ev = rcmp * recompute  # per turn, in the prefill queue (a prefill worker's or a mixed one's)
     lat_ev = svc_ev + np.where(s.dis, evict * m_ctx * s.xfer, 0.0)  # per turn, on its critical path
-    return SimpleNamespace(flat=flat, ws=ws, Dn_s=Dn_s, E_s=E_s, Cd_s=Cd_s, K_s=K_s, Ts=Ts, own_s=own_s,
+    return SimpleNamespace(flat=flat, ws=ws, Dn_s=Dn_s, E_s=E_s, Cd_s=Cd_s, K_s=K_s, Ts=Ts, own_s=own_s, burst_s=burst_s,
                            ps=ps, dt=dt, S_w=S_w, S_k=S_k, S_z=S_z, oth=oth, B=B, B_run=np.minimum(B, engine.max_num_seqs), ctx=ctx, own_ctx=own_ctx,
                            kv_slow=kv_slow, evict=evict, svc_ev=svc_ev, lat_ev=lat_ev)
 
@@ -296,10 +298,27 @@ def _rates(s: SimpleNamespace, g: SimpleNamespace, b_ref, ctx_ref) -> SimpleName
     omega = np.where(dis, tau_d / 2, tau_d) + wq + lat_ev
     tau_e = tau_d * kv_slow * stretch
     dt, Ts = g.dt, g.Ts
-    I_inv, I_kap, I_om = np.cumsum(np.stack([dt / tau_e, kappa * stretch * dt, omega * dt]), axis=2)
+    I_inv, I_om = np.cumsum(np.stack([dt / tau_e, omega * dt]), axis=2)
     th_s = Ts / I_inv  # harmonic mean of the step time over each one's life
-    new_s = g.E_s + g.own_s + g.Dn_s * th_s + (g.Cd_s * I_kap + g.K_s * I_om) / Ts
+    # The first prompts' burst is the queue's first wait: a first turn waits the longer of the two, not both.
+    fixed = g.E_s + g.own_s - np.minimum(g.burst_s, wq[:, :1])
+    new_s = _progress(g, fixed, tau_e, kappa * stretch, omega)
     return SimpleNamespace(nu=nu, stretch=stretch, wq=wq, tau_e=tau_e, I_om=I_om, th_s=th_s, new_s=new_s)
+
+
+def _progress(g: SimpleNamespace, fixed, tau, kap, omega) -> np.ndarray:
+    """Each one's end (sorted order) as its turns progress at each segment's pace: a turn of rep j
+    takes c_j = (Dn_j·τ + Cd_j·κ + fixed_j)/K_j + ω in a segment (decode, own-context reads, its
+    environment and own prefill spread over its turns, the turn's waits), so it ends where
+    Σ dt/c_j reaches K_j (past the last segment, at its pace). Where the waits are long early (a
+    saturated queue) and short late, its turns crowd into the late segments, not spread evenly."""
+    K = np.maximum(g.K_s, 1e-9)[:, :, None]
+    cyc = ((g.Dn_s[:, :, None] * tau[:, None, :] + g.Cd_s[:, :, None] * kap[:, None, :] + fixed[:, :, None]) / K
+           + omega[:, None, :])
+    prog = np.cumsum(g.dt[:, None, :] / cyc, axis=2)
+    m = np.minimum((prog < K).sum(2, keepdims=True), cyc.shape[2] - 1)  # the segment it ends in (or the last)
+    at = lambda x: np.take_along_axis(x, m, axis=2)[:, :, 0]  # noqa: E731
+    return np.take_along_axis(g.Ts, m[:, :, 0], axis=1) - (at(prog) - K[:, :, 0]) * at(cyc)
 
 
 def _spread(s: SimpleNamespace, g: SimpleNamespace, r: SimpleNamespace, T, tau_h, iters: int) -> dict:
@@ -332,68 +351,3 @@ def _spread(s: SimpleNamespace, g: SimpleNamespace, r: SimpleNamespace, T, tau_h
     return dict(T=T, sigma=sigma.reshape(C, N), iters=iters, concurrency=(g.B_run * dt).sum(1) / Ts[:, -1], tau_h=tau_h,
                 own=s.own + s.burst, omega=om.reshape(C, N) / T, evict=(evict * dt).sum(1) / Ts[:, -1],
                 segments=dict(end=Ts, B=B, ctx=ctx, step=tau_e, wait=r.wq, evict=evict))  # for inspection
-
-# ------------------------------------------------------------------ geometry and the batch's end
-@lru_cache(maxsize=8192)
-def _same_node_share(shape: LayoutShape, devices_per_node: int) -> float:
-    """Share of (prefill, decode) worker pairs on one node, workers placed in device order, prefill first."""
-    if shape.mode is not Mode.DISAGGREGATED:
-        return 1.0
-    if shape.per_role_tp:
-        return _same_node_share_per_role(shape, devices_per_node)
-    per = max(devices_per_node // shape.tp, 1)
-    nodes = np.arange(-(-shape.n_workers // per))
-    pre = np.clip(shape.n_prefill - nodes * per, 0, per)
-    dec = np.clip(shape.n_workers - nodes * per, 0, per) - pre
-    return float((pre * dec).sum() / (shape.n_prefill * shape.n_decode))
-
-
-def _same_node_share_per_role(shape: LayoutShape, devices_per_node: int) -> float:
-    """`_same_node_share` with a prefill tp of its own: workers packed on nodes in order (prefill
-    first), a worker that does not fit in what is left of a node starting the next one."""
-    pre: dict[int, int] = {}
-    dec: dict[int, int] = {}
-    node, used = 0, 0
-    for role in shape.roles():
-        tp = shape.tp_of(role)
-        if used and used + tp > devices_per_node:
-            node, used = node + 1, 0
-        used += tp
-        counts = pre if role is Role.PREFILL else dec
-        counts[node] = counts.get(node, 0) + 1
-    return float(sum(n * dec.get(k, 0) for k, n in pre.items()) / (shape.n_prefill * shape.n_decode))
-
-
-def _expected_max(T: np.ndarray, sigma: np.ndarray, reps: BatchReps, points: int = 160) -> np.ndarray:
-    """Per row, E[max] with T_i ~ N(T_i, σ_i): P(max ≤ t) = Π_known Φ((t−T_i)/σ_i) · Π_c F_c(t)^n_c,
-    F_c the class's mixture; integrated on a grid from where it leaves zero (below that, a class's
-    reps count as finished)."""
-    rows, known = np.arange(T.shape[0]), reps.label < 0
-    lo = T[:, known].max(axis=1) if known.any() else np.full(T.shape[0], np.inf)
-    classes = []
-    for c, n in reps.sizes.items():
-        sel = np.nonzero(reps.label == c)[0]
-        order = np.argsort(T[:, sel], axis=1)
-        ts = np.take_along_axis(T[:, sel], order, axis=1)
-        F = np.cumsum(reps.q[sel][order], axis=1)
-        lo = np.minimum(lo, ts[rows, np.argmax(F ** n > 1e-4, axis=1)])  # where F^n leaves zero
-        classes.append((sel, order, ts, n))
-    lo = np.maximum(lo - 5 * sigma.max(axis=1), 0.0)
-    cols, lows = [np.broadcast_to(np.nonzero(known)[0], (T.shape[0], int(known.sum())))], []
-    for sel, order, ts, n in classes:
-        k = max(int((ts >= lo[:, None]).sum(axis=1).max()), 1)  # the reps that can still be running
-        keep = sel[order[:, -k:]]
-        cols.append(keep)
-        lows.append((n, 1.0 - reps.q[keep].sum(axis=1), k))
-    idx = np.concatenate(cols, axis=1)
-    Tk, sk = np.take_along_axis(T, idx, axis=1), np.take_along_axis(sigma, idx, axis=1)
-    grid = lo[:, None] + (np.max(Tk + 6 * sk, axis=1) - lo)[:, None] * np.linspace(0.0, 1.0, points)[None, :]
-    z = (grid[:, :, None] - Tk[:, None, :]) / np.maximum(sk[:, None, :], 1e-12)
-    phi = np.where(sk[:, None, :] > 0, ndtr(z), (z >= 0).astype(float))
-    at = int(known.sum())
-    log_g = np.log(np.maximum(phi[:, :, :at], 1e-300)).sum(axis=2)
-    for n, below, k in lows:
-        mix = below[:, None] + (phi[:, :, at:at + k] * reps.q[idx[:, at:at + k]][:, None, :]).sum(axis=2)
-        log_g += n * np.log(np.clip(mix, 1e-300, 1.0))
-        at += k
-    return lo + np.trapezoid(1.0 - np.exp(log_g), grid, axis=1)

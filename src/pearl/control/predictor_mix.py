@@ -30,7 +30,8 @@ from scipy.optimize import brentq
 
 from pearl.config import EngineConfig
 from pearl.control.predictor import BatchState, Prediction, WorkloadStats, _critical_path, _stacked, prepare
-from pearl.control.predictor_core import BatchReps, _expected_max, _same_node_share, _solve
+from pearl.control.predictor_core import BatchReps, _solve
+from pearl.control.predictor_end import _expected_max, _same_node_share
 from pearl.perf.roofline import PerfModel
 from pearl.types import LayoutShape
 
