@@ -14,7 +14,8 @@ within one the alive set is fixed and, per decode-capable worker:
   (one waiting on its environment holds KV, not a batch slot); mates = the N/n − 1 others sharing its
   worker. A fixed point: p depends on τ, τ on B;
 - colocated: the mates' prefill chunks ride in mixed steps, each lengthening one by Δ (compute beyond
-  the decode step's memory time): decode stretches by 1/(1 − ν·Δ), ν = the mates' turns per second;
+  the decode step's memory time): decode stretches by 1/(1 − ν·Δ), ν = the mates' turns per second
+  (the first prompts' share of Δ aside: they are prefilled in the burst at t=0, not over the lives);
 - disaggregated: a turn fetches its response's KV from the decode worker, prefills on a prefill
   worker and hands the new KV back (`kv_transfer_time`, same-node share from the device order);
 - the prefill queue (prefill workers, or a mixed worker's chunk budget) is a closed network with

@@ -206,7 +206,7 @@ def _start(cf, n_dw, n_p, dis, p_same, reps: BatchReps, cfp, steady: bool = Fals
     ctx_ref = b_ref * (w * c0).sum() / n_all
     rowoff = (np.arange(C) * N)[:, None]
     per_rep = np.stack([w, w * c0, w * K, Dn, E, Cd, K, cF - c0])
-    return SimpleNamespace(cf=cf, cfp=cfp, cc=cc, dis=dis, n_p=n_p, C=C, N=N, ic=ic, K=K, ev_x=ev_x, ev_a=ev_a,
+    return SimpleNamespace(cf=cf, cfp=cfp, cc=cc, dis=dis, n_p=n_p, C=C, N=N, ic=ic, K=K, prompt=prompt, ev_x=ev_x, ev_a=ev_a,
                            ev_m=ev_m, ev_w=ev_w, starts=starts, own=own, s1=s1, xfer=xfer, n_all=n_all,
                            burst=burst, mate=mate, rowoff=rowoff, per_rep=per_rep, T=T, tau_h=tau_h,
                            wait=wait, b_ref=b_ref, ctx_ref=ctx_ref, steady=steady)
@@ -285,8 +285,12 @@ def _rates(s: SimpleNamespace, g: SimpleNamespace, b_ref, ctx_ref) -> SimpleName
     if ic.size:  # colocated: the mates' chunks lengthen the mixed steps (at the event-weighted batch)
         d_e = _step(cc, b_ref, ctx_ref, ev_x, ev_a) - _step(cc, b_ref, ctx_ref)
         d_mean[ic] = (d_e * ev_w).sum(1, keepdims=True)
-        stretch[ic] = 1 / (1 - np.minimum(nu[ic] * mate[ic] * (d_mean[ic] + svc_ev[ic]), 0.95))
         s.own[ic] = np.add.reduceat(d_e * s.ev_m, s.starts, axis=1)
+        if not s.steady:  # the first prompts are prefilled in the burst at t=0, not over the lives
+            w = s.per_rep[0]
+            d_first = _step(cc, b_ref, ctx_ref, s.prompt, s.prompt ** 2 / 2) - _step(cc, b_ref, ctx_ref)
+            d_mean[ic] *= 1 - (w * d_first).sum(1, keepdims=True) / np.maximum((w * s.own[ic]).sum(1, keepdims=True), 1e-12)
+        stretch[ic] = 1 / (1 - np.minimum(nu[ic] * mate[ic] * (d_mean[ic] + svc_ev[ic]), 0.95))
     # The prefill queue (prefill workers, or a mixed worker's chunks) as a closed network: n
     # trajectories per server, each back after Z s of thinking, service s. Schweitzer's MVA gives
     # the residence R: R(Z + R) = s(Z + R) + s(n-1)R, light load R ~ s, saturation R ~ n·s - Z.
