@@ -281,3 +281,12 @@ def test_the_first_prompts_load_the_burst_not_the_lives():
         out[shape.tp] = pred(BatchState.fresh(512)), truth
         assert out[shape.tp][0] == pytest.approx(truth, rel=0.05), shape
     assert min(out, key=lambda tp: out[tp][0]) == min(out, key=lambda tp: out[tp][1]) == 4
+
+
+def test_the_decode_side_holds_at_least_its_decoders_contexts():
+    """512 swe trajectories on 2P:6D: most wait in the prefill queue, so the sessions that need KV on
+    a decode worker were counted as the alive less the queued, a life-average share that fell below
+    the decoders' own contexts (a step's batch of ~28k-token contexts over its 413k tokens of KV).
+    No idle session was then evicted, none recomputed, and the cell was under-predicted by 21%."""
+    truth, pred = _one_batch("swe", LayoutShape.disaggregated(2, 6, 1))
+    assert pred(BatchState.fresh(512)) == pytest.approx(truth, rel=0.15)

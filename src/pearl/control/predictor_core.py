@@ -251,7 +251,8 @@ def _segments(s: SimpleNamespace, engine: EngineConfig, T, tau_h, wait) -> Simpl
     # Disaggregated, a session waiting in the prefill queue has had its context fetched already (its
     # copy on the decode worker is the first to go, harmlessly): only those decoding or in their
     # environment need it kept there.
-    demand = S_all * np.where(s.dis, 1.0 - S_q / np.maximum(S_w, 1e-12), 1.0) * oth * mate + own_ctx
+    demand = np.maximum(S_all * np.where(s.dis, 1.0 - S_q / np.maximum(S_w, 1e-12), 1.0) * oth * mate + own_ctx,
+                        ctx + own_ctx)  # (at least what the decoders hold)
     evict = np.minimum(np.maximum(demand - cf.cap, 0.0) / np.maximum(demand - ctx - own_ctx, 1.0), 1.0)
     m_ctx = S_all / np.maximum(S_w, 1e-12)
     m_sq = (S_a + S_b * tmid + S_d * tmid ** 2) / np.maximum(S_w, 1e-12)  # the alive contexts' mean square
