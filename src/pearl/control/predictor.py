@@ -23,11 +23,12 @@ within one the alive set is fixed and, per decode-capable worker:
   worker serves a turn at no less than its FLOPs and all-reduces (queued prompts share a chunk), and
   the first prompts' burst is that queue's first wait, not added to it;
 - KV: every alive session holds KV (disaggregated: not while it waits in the prefill queue, its
-  context fetched already; and never less than the decoders' own contexts); decoders beyond capacity (or beyond the engine's `max_num_seqs`) shrink
-  the batch and wait, idle sessions beyond it are evicted: the next turn recomputes the whole context
-  in the prefill queue (a mixed worker's chunks, or a prefill worker's queue unless that worker's own
-  KV still holds it: then it is re-sent), priced at the alive contexts' mean and mean square (the
-  attention's) and with every recomputed token's all-reduces at tp > 1;
+  context fetched already; and never less than the decoders' own contexts); decoders beyond
+  capacity (or beyond the engine's `max_num_seqs`) shrink the batch and wait, idle sessions beyond
+  it are evicted: the next turn recomputes the whole context in the prefill queue (a mixed worker's
+  chunks, or a prefill worker's queue unless that worker's own KV still holds it: then it is
+  re-sent), priced at the alive contexts' mean and mean square (the attention's) and with every
+  recomputed token's all-reduces at tp > 1;
 - the tail: late segments hold few trajectories, so the longest finish at low concurrency.
 - per-role tp (`LayoutShape.tp_prefill`): prefill work (a prefill worker's steps, the first prompts'
   burst, recomputed contexts, its KV capacity) is timed with the prefill workers' model, decode with

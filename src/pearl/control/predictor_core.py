@@ -220,7 +220,7 @@ def _segments(s: SimpleNamespace, engine: EngineConfig, T, tau_h, wait) -> Simpl
     order = np.argsort(T, axis=1)
     flat = (order + s.rowoff).ravel()
     ws, wc0, wK, Dn_s, E_s, Cd_s, K_s, grow = s.per_rep[:, order]
-    Ts, th_prev, own_s, wait_s, burst_s = np.stack([T, tau_h, s.own + s.burst, wait, s.burst + 0 * T]).reshape(
+    Ts, th_prev, own_s, wait_s, burst_s = np.stack([T, tau_h, s.own + s.burst, wait, s.burst]).reshape(
         5, -1)[:, flat].reshape(5, C, N)
     think = np.maximum(Ts / K_s - wait_s - own_s / K_s, 0.0)  # a turn's time outside the prefill queue
     ps = np.minimum(Dn_s * th_prev / Ts, 1.0)  # share of its life decoding (Little's law)
