@@ -1,8 +1,9 @@
 """Numeric core of the batch-completion predictor (`pearl.control.predictor`, whose docstring states the
 model): the vectorised roofline (`_Coeffs`, `_step`), the batch as weighted representatives
-(`BatchReps`), the fixed point over the completion-ordered segments (`_solve`), each one's end as its
-turns progress at the segments' pace (`_progress`) and the worker-mate spread (`_spread`). The
-geometry and the E[max] of the completion times are `pearl.control.predictor_end`.
+(`BatchReps`), the fixed point over the completion-ordered segments (`_solve`), each one's end and
+mean wait per turn as its turns progress at the segments' pace (`_progress`) and the worker-mate
+spread (`_spread`). The geometry and the E[max] of the completion times are
+`pearl.control.predictor_end`.
 
 Imports nothing of `pearl.control.predictor` (which imports this module and re-exports what it needs).
 What it must not do: simulate events, own time, or import torch, Ray, asyncio or `time`.
@@ -132,16 +133,15 @@ def _solve(cf, n_dw, n_p, dis, p_same, engine: EngineConfig, reps: BatchReps, to
     `cfp`: the prefill workers' (default `cf`: the same tp). `steady`: the reps replaced as they
     finish (a capped pipeline): the alive set never changes (`_segments`), no first-prompt burst."""
     s = _start(cf, n_dw, n_p, dis, p_same, reps, cf if cfp is None else cfp, steady)
-    C, N, K, ic = s.C, s.N, s.K, s.ic
+    C, N, ic = s.C, s.N, s.ic
     T, tau_h, wait, b_ref, ctx_ref = s.T, s.tau_h, s.wait, s.b_ref, s.ctx_ref
     for it in range(60):
         g = _segments(s, engine, T, tau_h, wait)
         r = _rates(s, g, b_ref, ctx_ref)
-        flat, Ts, K_s, dt = g.flat, g.Ts, g.K_s, g.dt
+        flat, dt = g.flat, g.dt
         new, tau_h, w_new = np.empty(C * N), np.empty(C * N), np.empty(C * N)
-        new[flat], tau_h[flat] = r.new_s.ravel(), r.th_s.ravel()
-        w_new[flat] = (K_s * np.cumsum(r.wq * dt, axis=1) / Ts).ravel()
-        new, tau_h, w_new = new.reshape(C, N), tau_h.reshape(C, N), w_new.reshape(C, N) / np.maximum(K, 1)
+        new[flat], tau_h[flat], w_new[flat] = r.new_s.ravel(), r.th_s.ravel(), r.wait_s.ravel()
+        new, tau_h, w_new = new.reshape(C, N), tau_h.reshape(C, N), w_new.reshape(C, N)
         # Step 0.7, shrinking after 8 iterations: a saturated prefill queue can flip between two states
         # (long waits: sessions queued need no decode-side KV, nothing is evicted, the queue drains;
         # short waits: evictions, recomputes, the queue fills), so late steps average them.
@@ -307,11 +307,11 @@ def _rates(s: SimpleNamespace, g: SimpleNamespace, b_ref, ctx_ref) -> SimpleName
     th_s = Ts / I_inv  # harmonic mean of the step time over each one's life
     # The first prompts' burst is the queue's first wait: a first turn waits the longer of the two, not both.
     fixed = g.E_s + g.own_s - np.minimum(g.burst_s, wq[:, :1])
-    new_s = _progress(g, fixed, tau_e, kappa * stretch, omega)
-    return SimpleNamespace(nu=nu, stretch=stretch, wq=wq, tau_e=tau_e, I_om=I_om, th_s=th_s, new_s=new_s)
+    new_s, wait_s = _progress(g, fixed, tau_e, kappa * stretch, omega, wq)
+    return SimpleNamespace(nu=nu, stretch=stretch, wq=wq, tau_e=tau_e, I_om=I_om, th_s=th_s, new_s=new_s, wait_s=wait_s)
 
 
-def _progress(g: SimpleNamespace, fixed, tau, kap, omega) -> np.ndarray:
+def _progress(g: SimpleNamespace, fixed, tau, kap, omega, wq) -> tuple[np.ndarray, np.ndarray]:
     """Each one's end (sorted order) as its turns progress at each segment's pace: a turn of rep j
     takes c_j = (Dn_j·τ + Cd_j·κ + fixed_j)/K_j + ω in a segment (decode, own-context reads, its
     environment and own prefill spread over its turns, the turn's waits), so it ends where
@@ -323,7 +323,13 @@ def _progress(g: SimpleNamespace, fixed, tau, kap, omega) -> np.ndarray:
     prog = np.cumsum(g.dt[:, None, :] / cyc, axis=2)
     m = np.minimum((prog < K).sum(2, keepdims=True), cyc.shape[2] - 1)  # the segment it ends in (or the last)
     at = lambda x: np.take_along_axis(x, m, axis=2)[:, :, 0]  # noqa: E731
-    return np.take_along_axis(g.Ts, m[:, :, 0], axis=1) - (at(prog) - K[:, :, 0]) * at(cyc)
+    # Its turns per segment (those left past the last segment run at its pace), so its mean wait per
+    # turn is weighted by where its turns are, not by time: crowded late, they wait little.
+    done = np.minimum(prog, K)
+    n = np.diff(done, axis=2, prepend=0.0)
+    n[:, :, -1] += K[:, :, 0] - done[:, :, -1]
+    wait = (n * wq[:, None, :]).sum(2) / K[:, :, 0]
+    return np.take_along_axis(g.Ts, m[:, :, 0], axis=1) - (at(prog) - K[:, :, 0]) * at(cyc), wait
 
 
 def _spread(s: SimpleNamespace, g: SimpleNamespace, r: SimpleNamespace, T, tau_h, iters: int) -> dict:
