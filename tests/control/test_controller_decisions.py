@@ -37,11 +37,11 @@ def test_the_trainers_devices_are_lent_before_the_first_batch_and_come_back_with
     assert sim.next_traj == sim.trained_trajs + sim.discarded + len(live_trajectories(sim))  # none lost
 
 
-def _controller_at_start(policy: str = "pearl", **over):
+def _controller_at_start(name: str = "pearl", **over):
     """The controller of a simulator set up to its initial layout, and an observation of it."""
     from pearl.runtime.sim import Simulator
 
-    sim = Simulator(scenario(policy, **NO_SPOT, **BUSY, **over))
+    sim = Simulator(scenario(name, **NO_SPOT, **BUSY, **over))
     driver = sim.control.setup()
     return driver.controller, sim.control.observe(True)
 
@@ -136,3 +136,46 @@ def test_a_return_of_lent_devices_does_not_switch_on_a_marginal_gain_at_once():
     broken = replace(obs, t=300.0, shape=LayoutShape.disaggregated(0, obs.shape.n_workers, obs.shape.tp))
     d = next(d for d in ctl.on_event(Redecide(RETURNED), broken).decisions if d.kind == "layout")
     assert d.switch and d.rule == "switch", d.reason
+
+
+def _with_idle_elastic(obs, n: int = 4, lent_until: float | None = None):
+    """`obs` with `n` idle elastic devices on a node of their own, and (with `lent_until`) the trainer's
+    first device lent until then with a worker on it."""
+    from dataclasses import replace
+
+    from pearl.control.observation import DeviceObs
+    from pearl.types import DeviceStatus, Pool
+
+    devices = list(obs.devices)
+    workers = list(obs.workers)
+    if lent_until is not None:
+        i = next(i for i, d in enumerate(devices) if d.pool is Pool.TRAIN)
+        devices[i] = replace(devices[i], status=DeviceStatus.SERVING, lease_deadline=lent_until)
+        workers.append(replace(workers[0], id=99, devices=(devices[i].id,)))
+    top = max(d.id for d in devices)
+    devices += [DeviceObs(top + 1 + k, Pool.ELASTIC, 99, DeviceStatus.FREE) for k in range(n)]
+    return replace(obs, devices=tuple(devices), workers=tuple(workers))
+
+
+def test_elastic_devices_that_came_during_a_lend_are_taken_when_it_returns_and_priced_over_their_stay():
+    """Elastic devices that arrive while the trainer's devices are lent: the switch that takes them
+    pays over their own stay, not until the lend ends (a 30B search cell refused them for a whole
+    hour: an 8-device gain counted over the lend's ~30 s never beat the cold start), and when the lend
+    returns their arrival is a change of the budget, judged at once, not held for the streak a
+    periodic re-estimate needs (the periodic ticks between two lends, each judging them against the
+    budget with the lent devices still in it, kept breaking the streak)."""
+    from dataclasses import replace
+
+    from pearl.control.lending import RETURNED
+    from pearl.control.observation import Redecide
+
+    # (tp 8 would span the two nodes; every gain counts as marginal, so a streak gate could not switch at once)
+    ctl, obs = _controller_at_start(policy=dict(tps=[1, 2], controller=dict(clear=1000.0)))
+    obs = replace(obs, t=300.0)
+    lent = _with_idle_elastic(obs, lent_until=330.0)
+    free = ctl._usable_free(lent)
+    assert ctl._window(lent, free) == pytest.approx(ctl.lifetimes.expected_stay_s(300.0))
+    lend_end = max(330.0, next_batch_at(obs.trainer, 300.0)[0]) - 300.0  # (nothing added: the lend bounds it)
+    assert ctl._window(lent, []) == pytest.approx(lend_end) and lend_end < ctl._window(lent, free)
+    d = next(d for d in ctl.on_event(Redecide(RETURNED), _with_idle_elastic(obs)).decisions if d.kind == "layout")
+    assert d.switch and d.plan["starts"] >= 1 and d.rule == "switch", d.reason

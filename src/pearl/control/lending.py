@@ -203,9 +203,11 @@ class Lending:
         return eff
 
     def _window(self, obs: Observation, free: list[DeviceView]) -> float:
-        """How long the budget's transient devices (lent or elastic, free or serving) should stay."""
+        """How long the devices a switch adds (`free`) should stay, or with none, the transient devices
+        (lent or elastic) already serving: an elastic device that arrives while the trainer's devices
+        are lent pays over its own stay, not until the lend ends."""
         by_id = {d.id: d for d in obs.devices}
-        devs: list[DeviceObs] = [by_id[d.id] for d in free] + [by_id[d] for w in obs.workers for d in w.devices]
+        devs: list[DeviceObs] = [by_id[d.id] for d in free] or [by_id[d] for w in obs.workers for d in w.devices]
         w = math.inf
         for d in devs:
             if d.pool is Pool.TRAIN and d.lease_deadline is not None:  # (the first batch: its estimate grows)
