@@ -265,15 +265,15 @@ class Controller(Lending):
             mode, (best_shape, best_pred) = "explore", explore
         plan_fn = plan_transition if self.cfg.incremental else plan_full_restart
         try:
-            nodes = {d.id: d.node for d in obs.devices}
+            nodes, idle_elastic = {d.id: d.node for d in obs.devices}, any(d.pool is Pool.ELASTIC for d in free)
             costs = self.costs  # a start on an elastic device is priced as a cold start
-            if any(d.pool is Pool.ELASTIC for d in free):
+            if idle_elastic:
                 costs = replace(costs, start_s=max(costs.start_s, self.setting.cold_start_s))
             plan = plan_fn(workers, free, best_shape, costs, device_nodes=nodes)
         except ValueError as e:
             return self._effects(obs, why, ranked, cur, cur_s, None, f"infeasible: {e}")
         window = self._window(obs, free)
-        ok, reason, gain, cost = self._gate(obs.t, why, mode, cur, best_shape, best_pred, cur_s, plan, window, free)
+        ok, reason, gain, cost = self._gate(obs.t, why, mode, cur, best_shape, best_pred, cur_s, plan, window, idle_elastic)
         eff = self._effects(obs, why, ranked, cur, cur_s, plan if ok else None, reason, best_shape, best_pred, gain, cost)
         if ok:
             self.last_switch = obs.t
@@ -305,7 +305,7 @@ class Controller(Lending):
                       key=lambda x: x[1].completion_s)
 
     def _gate(self, t: float, why: str, mode: str, cur: LayoutShape, best: LayoutShape, best_pred: Prediction,
-              cur_s: float, plan: Plan, window: float, free=()) -> tuple[bool, str, float | None, float | None]:
+              cur_s: float, plan: Plan, window: float, idle_elastic: bool) -> tuple[bool, str, float | None, float | None]:
         """Whether to carry out `plan`: (ok, reason, predicted gain s, cost s). `mode`: "explore" (a
         near-tie tried once), "undo" (back from a losing exploration: only the dwell applies) or ""."""
         if mode == "undo":
@@ -331,7 +331,7 @@ class Controller(Lending):
         cand_h = horizon * best_pred.completion_s / cur_s + plan.makespan_s if math.isfinite(cur_s) else 0.0
         # A re-estimate, or lent devices back (unless what is left cannot serve, or elastic devices that came
         # during the lend wait idle: a budget change judged now): a streak, so noise cannot flap the layout.
-        if why == "periodic" or (why == RETURNED and _valid(cur) and not any(d.pool is Pool.ELASTIC for d in free)):
+        if why == "periodic" or (why == RETURNED and _valid(cur) and not idle_elastic):
             v = self.gate.decide(t, horizon, cand_h, plan.makespan_s, window, self.last_switch, candidate=best)
         else:  # the budget itself changed (devices came or go): a fact, not noise
             # a pure scale-out (only starts) disturbs no running worker: no hysteresis band needed

@@ -36,7 +36,8 @@ within one the alive set is fixed and, per decode-capable worker:
 Its turns progress at each segment's pace (long waits early, a saturated queue, crowd its turns into
 the fast late segments), so its mean wait per turn is the queue's weighted by its turns, not by time
 (the queue's think time Z is what the rest of its life leaves); τ_h, the harmonic mean of the step
-time over [0, T_i], sets its share of life decoding. Its mates are a random draw fixed for life; linearised, they spread T_i by σ_i.
+time over [0, T_i], sets its share of life decoding. Its mates are a random draw fixed for life;
+linearised, they spread T_i by σ_i.
 Completion = E[max] of T_i ~ N(T_i, σ_i): known trajectories as they are, a sampled class as n_c
 draws: ∫ (1 − Π Φ · Π_c F_c^n_c) dt. Never below the slowest trajectory's critical path.
 Under a cap on trajectories in flight (`BatchState.queued` more wait behind the batch), the queue goes
