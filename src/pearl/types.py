@@ -4,6 +4,7 @@ This module imports nothing from the rest of the package; everything else may im
 """
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from enum import Enum
 from functools import total_ordering
@@ -99,6 +100,19 @@ class LayoutShape:
 
     def count(self, role: Role) -> int:
         return {Role.MIXED: self.n_mixed, Role.PREFILL: self.n_prefill, Role.DECODE: self.n_decode}[role]
+
+    def fits(self, node_sizes: Iterable[int]) -> bool:
+        """Whether every worker's tp devices can sit on one node, given how many devices each node
+        offers (the widest workers placed first: exact when each tp divides the larger ones)."""
+        room = list(node_sizes)
+        for tp, k in sorted(((self.tp_of(Role.PREFILL), self.n_prefill), (self.tp, self.n_decode + self.n_mixed)),
+                            reverse=True):
+            for i, c in enumerate(room):
+                took = min(k, c // tp)
+                room[i], k = c - took * tp, k - took
+            if k:
+                return False
+        return True
 
     def roles(self) -> list[Role]:
         """One role per worker slot, in a canonical order (prefill, decode, mixed)."""

@@ -6,19 +6,19 @@ their reasons, the next tick). The simulator (`pearl.runtime.sim_control`) and t
 (`pearl.runtime.real_control`) build the observations and carry out the actions through their own
 `Actuators`; neither is known here.
 
-One decision (`decide`): the budget (live workers + usable free devices) → predictions of the
-in-flight pipeline batch per candidate shape (`control.predictor`; with the admission control on, the
-best few each at the cap it would settle at: `AdmissionControl.caps`), corrected by what each shape was
-measured to deliver (`control.refit`) → the best shape (`control.selector`) → the smallest
-make-before-break plan (`control.planner`) → the cost-aware gate (`control.switching`) → actions.
-Borrowing (`control.lending`: on `TrainerIdle`, and on a tick while the trainer waits for its batch
-with nothing lent, e.g. before the first batch) asks `control.borrowing` whether lending the trainer's
-devices pays, and `TrainerNeedsDevices` hands them back. The baselines are configurations of this class
-(`pearl.control.policies`).
+One decision (`decide`): the budget (live workers + usable free devices, per node) → predictions of the
+in-flight pipeline batch per candidate shape (`control.predictor`; with the admission control on, the best
+few each at the cap it would settle at: `AdmissionControl.caps`), corrected by what each shape was measured
+to deliver (`control.refit`) → the best shape whose workers each fit on a node (`control.selector`) → the
+smallest make-before-break plan (`control.planner`) → the cost-aware gate (`control.switching`) → actions.
+Borrowing (`control.lending`: on `TrainerIdle`, and on a tick while the trainer waits for its batch with
+nothing lent) asks `control.borrowing` whether lending the trainer's devices pays, and
+`TrainerNeedsDevices` hands them back. The baselines are configurations of this class (`control.policies`).
 """
 from __future__ import annotations
 
 import math
+from collections import Counter
 from dataclasses import dataclass, replace
 from typing import Callable
 
@@ -245,13 +245,14 @@ class Controller(Lending):
     def decide(self, obs: Observation, why: str) -> Effects:
         self._estimate(obs)
         workers, free = self._workers(obs), self._usable_free(obs)
-        n_devices = sum(len(w.devices) for w in workers) + len(free)
-        tps = [tp for tp in self._tps() if n_devices >= tp]
+        nodes, idle_elastic = {d.id: d.node for d in obs.devices}, any(d.pool is Pool.ELASTIC for d in free)
+        sizes = Counter([nodes.get(d, ("w", w.id)) for w in workers for d in w.devices] + [d.node for d in free])
+        tps = [tp for tp in self._tps() if max(sizes.values(), default=0) >= tp]
         if not tps:
             return Effects()
-        cur = obs.shape
+        n_devices, cur = sum(c - c % min(tps) for c in sizes.values()), obs.shape  # (whole workers per node)
         cur_s = self.refit.corrected(cur, self._predict([cur])[0].completion_s) if _valid(cur) else math.inf
-        ranked = self._rank(n_devices, tps, cur)
+        ranked = [x for x in self._rank(n_devices, tps, cur) if x[0].fits(sizes.values())]
         if self.admission is not None and self.admission.cap is not None:  # the current one at its cap, too
             cur_s = min([cur_s, *(p.completion_s for x, p in ranked if x == cur)])
         best_shape, best_pred = ranked[0]
@@ -265,7 +266,6 @@ class Controller(Lending):
             mode, (best_shape, best_pred) = "explore", explore
         plan_fn = plan_transition if self.cfg.incremental else plan_full_restart
         try:
-            nodes, idle_elastic = {d.id: d.node for d in obs.devices}, any(d.pool is Pool.ELASTIC for d in free)
             costs = self.costs  # a start on an elastic device is priced as a cold start
             if idle_elastic:
                 costs = replace(costs, start_s=max(costs.start_s, self.setting.cold_start_s))

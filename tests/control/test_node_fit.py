@@ -1,0 +1,78 @@
+"""A layout whose workers cannot each sit on one node is not a choice: the controller picks the best
+shape that fits the devices node by node, instead of naming an infeasible one and leaving free
+devices idle."""
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from pearl.config import EngineConfig, PolicyConfig
+from pearl.control.controller import ControlSetting
+from pearl.control.estimate import WorkloadStats
+from pearl.control.observation import DeviceObs, Observation, Redecide, Start, TrainerObs, WorkerObs
+from pearl.control.policies import make_controller
+from pearl.errors import ResourceError
+from pearl.perf.hardware import get_hardware
+from pearl.perf.models import get_model
+from pearl.perf.roofline import PerfModel
+from pearl.types import DeviceStatus, LayoutShape, Pool, Role, WorkerPhase
+from pearl.workloads import TrajectorySpec
+
+
+@pytest.mark.parametrize("shape, sizes, fits", [
+    (LayoutShape.colocated(2, 2), [2, 1, 1], False),
+    (LayoutShape.colocated(2, 2), [2, 2], True),
+    (LayoutShape.colocated(4, 1), [2, 1, 1], True),
+    (LayoutShape.disaggregated(1, 2, 1, 2), [2, 1, 1], True),  # the tp-2 prefill worker on the node of two
+    (LayoutShape.disaggregated(2, 1, 1, 2), [2, 1, 1], False),
+    (LayoutShape.colocated(1, 8), [4, 4], False),
+    (LayoutShape.disaggregated(1, 4, 1, 4), [8], True),
+])
+def test_a_shape_fits_when_each_worker_has_its_tp_devices_on_one_node(shape, sizes, fits):
+    assert shape.fits(sizes) is fits
+
+
+def _controller():
+    """Four rollout devices, two per node at most; a tp-2 worker computes three times as efficiently
+    per device as a tp-1 worker, so two of them would be the best layout, if the devices allowed it."""
+    shape, hw = get_model("tiny"), get_hardware("cpu")
+    one = PerfModel(shape, hw).with_kv_capacity(65536)
+    c = one.coeffs
+    models = {1: one, 2: PerfModel(shape, hw, 2, replace(c, mfu=c.mfu * 3, bw_eff=c.bw_eff * 3))
+              .with_kv_capacity(65536)}
+
+    def perf_for(tp):
+        if tp not in models:
+            raise ResourceError(f"no tp {tp}")
+        return models[tp]
+
+    spec = TrajectorySpec(0, 0, 200, (64,) * 2, (50,), (0.0, 0.0))
+    setting = ControlSetting(perf_for=perf_for, engine=EngineConfig(tp=1, max_num_seqs=16, max_batched_tokens=512),
+                             stats=WorkloadStats.from_samples([spec]), batch_size=16, staleness=0, devices_per_node=2,
+                             num_kv_heads=shape.num_kv_heads, group_size=4)
+    return make_controller(PolicyConfig(name="pearl", tps=[1, 2]), setting)
+
+
+def _obs(nodes: tuple[int, ...]) -> Observation:
+    """Device i on node nodes[i]; a tp-1 worker serves on device 0, the others are free."""
+    devices = tuple(DeviceObs(i, Pool.ROLLOUT, n, DeviceStatus.SERVING if i == 0 else DeviceStatus.FREE)
+                    for i, n in enumerate(nodes))
+    worker = WorkerObs(0, (0,), Role.MIXED, WorkerPhase.SERVING, True, 16, 2000)
+    return Observation(5.0, devices, (worker,), LayoutShape.colocated(1, 1), TrainerObs(False, 0, 4), in_flight=16)
+
+
+def test_the_best_layout_that_fits_the_nodes_is_chosen_and_free_devices_are_used():
+    ctl = _controller()
+    # Two nodes of two: two tp-2 workers fit, and are the best.
+    eff = ctl.on_event(Redecide("devices"), _obs((0, 0, 1, 1)))
+    (d,) = eff.decisions
+    assert d.switch and d.chosen == str(LayoutShape.colocated(2, 2)), d.reason
+    # Three nodes (two, one, one): a second tp-2 worker has no node; the devices still serve.
+    ctl = _controller()
+    eff = ctl.on_event(Redecide("devices"), _obs((0, 0, 1, 2)))
+    (d,) = eff.decisions
+    assert d.switch and not d.reason.startswith("infeasible"), d.reason
+    assert LayoutShape.colocated(2, 2).__str__() not in [c[0] for c in d.candidates], d.candidates
+    used = {dev for a in eff.actions if isinstance(a, Start) for dev in a.devices}
+    assert used >= {2, 3}, eff.actions
