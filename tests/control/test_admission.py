@@ -169,7 +169,7 @@ def test_layouts_are_ranked_at_the_capped_concurrency():
         return ctl
 
     def first(ctl, cur=colo):
-        return [s for s, _ in ctl._rank(8, [2, 4], cur) if s in (colo, pd)][0]
+        return [s for s, _ in ctl._rank([8], [2, 4], cur) if s in (colo, pd)][0]
 
     fixed_cap = controller(False)  # no admission control: ranked where it runs
     assert first(fixed_cap) == pd

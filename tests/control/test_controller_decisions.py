@@ -3,6 +3,8 @@ lent before the first batch too (and come back within the bound), a losing explo
 and a return of lent devices does not flap the layout."""
 from __future__ import annotations
 
+from collections import Counter
+
 import pytest
 
 from pearl.control.lending import next_batch_at
@@ -101,8 +103,9 @@ def _marginally_better_candidate(ctl, obs, gain: float):
 
     cur = obs.shape
     assert serves(cur)
-    n = sum(len(w.devices) for w in obs.workers)
-    best = next(s for s, _ in ctl._rank(n, ctl._tps(), cur) if s != cur)
+    nodes = {d.id: d.node for d in obs.devices}
+    sizes = Counter(nodes[dev] for w in obs.workers for dev in w.devices)
+    best = next(s for s, _ in ctl._rank(list(sizes.values()), ctl._tps(), cur) if s != cur)
     p_best, p_cur = (ctl._predict([s])[0].completion_s for s in (best, cur))
     for _ in range(ctl.refit.min_samples):  # the live one measured at (1 + gain) × the candidate's time
         pred = ctl._predict([cur])[0]

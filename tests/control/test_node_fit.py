@@ -33,13 +33,13 @@ def test_a_shape_fits_when_each_worker_has_its_tp_devices_on_one_node(shape, siz
     assert shape.fits(sizes) is fits
 
 
-def _controller():
-    """Four rollout devices, two per node at most; a tp-2 worker computes three times as efficiently
-    per device as a tp-1 worker, so two of them would be the best layout, if the devices allowed it."""
+def _controller(tp2_eff: float = 3.0):
+    """Four rollout devices, two per node at most; a tp-2 worker computes `tp2_eff` times as
+    efficiently per device as a tp-1 worker."""
     shape, hw = get_model("tiny"), get_hardware("cpu")
     one = PerfModel(shape, hw).with_kv_capacity(65536)
     c = one.coeffs
-    models = {1: one, 2: PerfModel(shape, hw, 2, replace(c, mfu=c.mfu * 3, bw_eff=c.bw_eff * 3))
+    models = {1: one, 2: PerfModel(shape, hw, 2, replace(c, mfu=c.mfu * tp2_eff, bw_eff=c.bw_eff * tp2_eff))
               .with_kv_capacity(65536)}
 
     def perf_for(tp):
@@ -62,17 +62,28 @@ def _obs(nodes: tuple[int, ...]) -> Observation:
     return Observation(5.0, devices, (worker,), LayoutShape.colocated(1, 1), TrainerObs(False, 0, 4), in_flight=16)
 
 
-def test_the_best_layout_that_fits_the_nodes_is_chosen_and_free_devices_are_used():
-    ctl = _controller()
-    # Two nodes of two: two tp-2 workers fit, and are the best.
-    eff = ctl.on_event(Redecide("devices"), _obs((0, 0, 1, 1)))
-    (d,) = eff.decisions
-    assert d.switch and d.chosen == str(LayoutShape.colocated(2, 2)), d.reason
-    # Three nodes (two, one, one): a second tp-2 worker has no node; the devices still serve.
-    ctl = _controller()
-    eff = ctl.on_event(Redecide("devices"), _obs((0, 0, 1, 2)))
+def _decide(nodes: tuple[int, ...], tp2_eff: float = 3.0):
+    eff = _controller(tp2_eff).on_event(Redecide("devices"), _obs(nodes))
     (d,) = eff.decisions
     assert d.switch and not d.reason.startswith("infeasible"), d.reason
-    assert LayoutShape.colocated(2, 2).__str__() not in [c[0] for c in d.candidates], d.candidates
-    used = {dev for a in eff.actions if isinstance(a, Start) for dev in a.devices}
-    assert used >= {2, 3}, eff.actions
+    return d, {dev for a in eff.actions if isinstance(a, Start) for dev in a.devices}
+
+
+def test_the_best_layout_that_fits_the_nodes_is_chosen():
+    # Two nodes of two: two tp-2 workers fit, and are the best.
+    d, _ = _decide((0, 0, 1, 1))
+    assert d.chosen == str(LayoutShape.colocated(2, 2)), d.reason
+    # Three nodes (two, one, one): a second tp-2 worker has no node. One tp-2 worker on the node of two
+    # (three times as efficient per device) is a candidate of its own, and beats four tp-1 workers.
+    d, used = _decide((0, 0, 1, 2))
+    shown = [c[0] for c in d.candidates]
+    assert str(LayoutShape.colocated(2, 2)) not in shown, shown
+    assert d.chosen == str(LayoutShape.colocated(1, 2)) and str(LayoutShape.colocated(4, 1)) in shown, d.reason
+    assert used == {0, 1}, used
+
+
+def test_devices_a_wider_worker_cannot_use_serve_when_that_is_faster():
+    """At 1.2 times the efficiency, one tp-2 worker (2.4 devices' worth) loses to four tp-1 workers."""
+    d, used = _decide((0, 0, 1, 2), tp2_eff=1.2)
+    assert d.chosen == str(LayoutShape.colocated(4, 1)), d.reason
+    assert used >= {1, 2, 3}, used

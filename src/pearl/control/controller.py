@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
+from contextlib import suppress
 from dataclasses import dataclass, replace
 from typing import Callable
 
@@ -26,15 +27,14 @@ from pearl.config import EngineConfig, PolicyConfig
 from pearl.control.admission import AdmissionControl
 from pearl.control.borrowing import BorrowPlanner
 from pearl.control.estimate import LifetimeEstimator, WorkloadEstimator
-from pearl.control.lending import RETURNED, Lending, next_batch_at, serves as _valid
-from pearl.control.observation import (Decision, DevicesAdded, DevicesRemoved, Effects, Event, Flip,
-                                       Notice, Observation, Redecide, SetCap, Start, Stop, TrainerIdle,
-                                       TrainerNeedsDevices)
-from pearl.control.planner import (DeviceView, Plan, StepKind, TransitionCosts, WorkerView, plan_full_restart,
+from pearl.control.lending import RETURNED, Lending, serves as _valid
+from pearl.control.observation import (Decision, DevicesAdded, DevicesRemoved, Effects, Event, Notice, Observation,
+                                       Redecide, SetCap, Stop, TrainerIdle, TrainerNeedsDevices, plan_actions)
+from pearl.control.planner import (DeviceView, Plan, TransitionCosts, WorkerView, plan_full_restart,
                                    plan_transition)
 from pearl.control.predictor import BatchState, Prediction, WorkloadStats, predict_many, prepare
 from pearl.control.refit import ThroughputRefit
-from pearl.control.selector import select
+from pearl.control.selector import budgets, select
 from pearl.control.switching import SwitchGate
 from pearl.errors import ResourceError
 from pearl.perf.roofline import PerfModel
@@ -250,9 +250,9 @@ class Controller(Lending):
         tps = [tp for tp in self._tps() if max(sizes.values(), default=0) >= tp]
         if not tps:
             return Effects()
-        n_devices, cur = sum(c - c % min(tps) for c in sizes.values()), obs.shape  # (whole workers per node)
+        cur = obs.shape
         cur_s = self.refit.corrected(cur, self._predict([cur])[0].completion_s) if _valid(cur) else math.inf
-        ranked = [x for x in self._rank(n_devices, tps, cur) if x[0].fits(sizes.values())]
+        ranked = [x for x in self._rank(list(sizes.values()), tps, cur) if x[0].fits(sizes.values())]
         if self.admission is not None and self.admission.cap is not None:  # the current one at its cap, too
             cur_s = min([cur_s, *(p.completion_s for x, p in ranked if x == cur)])
         best_shape, best_pred = ranked[0]
@@ -279,20 +279,26 @@ class Controller(Lending):
             self.last_switch = obs.t
             self._changes += 1
             self._trial = (cur, best_shape) if mode == "explore" else None
-            eff.actions += self._plan_actions(plan)
+            eff.actions += plan_actions(plan)
         return eff
 
-    def _rank(self, n_devices: int, tps: list[int], cur: LayoutShape) -> list[tuple[LayoutShape, Prediction]]:
-        """Every candidate shape, best first, by the predictions as corrected by measurements."""
+    def _rank(self, sizes: list[int], tps: list[int], cur: LayoutShape) -> list[tuple[LayoutShape, Prediction]]:
+        """Every candidate shape for the devices per node `sizes`, each tp on the devices it can use
+        (`selector.budgets`), best first, by the predictions as corrected by measurements."""
         s = self.setting
         pd = self.adapt_pd and self.cfg.adapt_pd  # the `adapt_pd: false` ablation: colocated, tp still chosen
-        only = None if pd and n_devices >= 2 * min(tps) else [LayoutShape.colocated(n_devices // tp, tp) for tp in tps]
-        n, perfs = n_devices - n_devices % min(tps), {tp: s.perf_for(tp) for tp in tps}
 
-        def at(b: BatchState, shapes=only, current=cur if _valid(cur) else None) -> dict[LayoutShape, Prediction]:
-            return {x[0]: x[1] for x in select(n, perfs, s.engine, self.workload.stats, b, current=current, shapes=shapes,
-                                               devices_per_node=s.devices_per_node, per_role=self.cfg.per_role_tp,
-                                               memo=self._scored.setdefault(b.size, {})).ranked}
+        def at(b: BatchState, shapes=None, current=cur if _valid(cur) else None) -> dict[LayoutShape, Prediction]:
+            out = {}
+            for n, group in budgets(sizes, tps).items():
+                only = shapes if shapes is not None or (pd and n >= 2 * min(group)) else \
+                    [LayoutShape.colocated(n // tp, tp) for tp in group]
+                with suppress(ResourceError):  # (no shape of these tps fits in memory)
+                    out.update((x[0], x[1]) for x in select(
+                        n, {tp: s.perf_for(tp) for tp in group}, s.engine, self.workload.stats, b, current=current,
+                        shapes=only, devices_per_node=s.devices_per_node, per_role=self.cfg.per_role_tp,
+                        memo=self._scored.setdefault(b.size, {})).ranked)
+            return out
         raw = at(self.batch)
         if self.admission is not None and self.admission.cap is not None:  # thrashing: the best few, and the
             # current one, each at the cap it would settle at
@@ -381,20 +387,3 @@ class Controller(Lending):
                                                 migrated=plan.n_migrated, makespan_s=round(plan.makespan_s, 3)),
             gain_s=gain, cost_s=cost, estimate=self.workload.summary())
         return Effects(decisions=[d])
-
-    @staticmethod
-    def _plan_actions(plan: Plan) -> list:
-        """A plan as actions, make-before-break: starts and role flips now (or once the stops they wait
-        for are done), stops once their replacements serve."""
-        ready = [0.0] * len(plan.steps)
-        out: list = []
-        for i, s in enumerate(plan.steps):
-            begin = max((ready[j] for j in s.after), default=0.0)
-            ready[i] = begin + s.cost_s
-            if s.kind is StepKind.START:
-                out.append(Start(s.devices, s.role, s.cost_s, begin))
-            elif s.kind is StepKind.SET_ROLE:
-                out.append(Flip(s.worker, s.role, begin))
-            elif s.kind is StepKind.STOP:
-                out.append(Stop(s.worker, migrate=True, delay_s=begin))
-        return out

@@ -20,12 +20,13 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Union
 
+from pearl.control.planner import Plan, StepKind
 from pearl.types import DeviceStatus, LayoutShape, Pool, Role, WorkerPhase
 from pearl.workloads import TrajectorySpec
 
 __all__ = ["Action", "Decision", "DeviceObs", "DevicesAdded", "DevicesRemoved", "Effects", "Event", "Flip",
            "Lend", "Notice", "Observation", "Reclaim", "Redecide", "Resize", "SetCap", "Start", "Stop", "TrainerIdle",
-           "TrainerNeedsDevices", "TrainerObs", "WorkerObs"]
+           "TrainerNeedsDevices", "TrainerObs", "WorkerObs", "plan_actions"]
 
 
 # ---------------------------------------------------------------- observation
@@ -184,6 +185,23 @@ class SetCap:
 
 
 Action = Union[Start, Stop, Flip, Lend, Reclaim, SetCap, Resize]
+
+
+def plan_actions(plan: Plan) -> list[Action]:
+    """A plan as actions, make-before-break: starts and role flips now (or once the stops they wait
+    for are done), stops once their replacements serve."""
+    ready = [0.0] * len(plan.steps)
+    out: list[Action] = []
+    for i, s in enumerate(plan.steps):
+        begin = max((ready[j] for j in s.after), default=0.0)
+        ready[i] = begin + s.cost_s
+        if s.kind is StepKind.START:
+            out.append(Start(s.devices, s.role, s.cost_s, begin))
+        elif s.kind is StepKind.SET_ROLE:
+            out.append(Flip(s.worker, s.role, begin))
+        elif s.kind is StepKind.STOP:
+            out.append(Stop(s.worker, migrate=True, delay_s=begin))
+    return out
 
 
 # ---------------------------------------------------------------- decisions

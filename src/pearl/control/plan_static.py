@@ -22,7 +22,7 @@ from __future__ import annotations
 import math
 
 from pearl.control.controller import Controller
-from pearl.control.observation import Effects, Event, Observation
+from pearl.control.observation import Effects, Event, Observation, plan_actions
 from pearl.control.planner import plan_transition
 from pearl.types import LayoutShape, Pool
 
@@ -53,7 +53,9 @@ class PlanStatic(Controller):
     def _ranked(self, n_devices: int):
         tps = [tp for tp in self._tps() if n_devices >= tp] or [self.setting.engine.tp]
         tp0 = self.setting.engine.tp
-        return self._rank(n_devices, tps, LayoutShape.colocated(max(1, n_devices // tp0), tp0))
+        per_node = self.setting.devices_per_node  # (the rollout devices fill nodes in order)
+        sizes = [per_node] * (n_devices // per_node) + [n_devices % per_node] * bool(n_devices % per_node)
+        return self._rank(sizes, tps, LayoutShape.colocated(max(1, n_devices // tp0), tp0))
 
     def first_tick_t(self) -> float | None:
         return 0.0
@@ -77,7 +79,7 @@ class PlanStatic(Controller):
         plan = plan_transition(workers, free, best, self.costs, device_nodes={d.id: d.node for d in obs.devices})
         eff = self._effects(obs, "plan", ranked, cur, math.nan, plan, f"switch: to the planned layout {best}", best,
                             preds[best], None, plan.makespan_s)
-        eff.actions += self._plan_actions(plan)
+        eff.actions += plan_actions(plan)
         return eff
 
     def on_event(self, ev: Event, obs: Observation) -> Effects:

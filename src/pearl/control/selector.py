@@ -25,7 +25,7 @@ from pearl.errors import ResourceError
 from pearl.perf.roofline import PerfModel
 from pearl.types import LayoutShape, Mode, Role
 
-__all__ = ["Selection", "candidates", "select"]
+__all__ = ["Selection", "budgets", "candidates", "select"]
 
 
 @dataclass(frozen=True)
@@ -57,6 +57,17 @@ def candidates(n_devices: int, tps: Sequence[int] = (1,), per_role: bool = False
         for (tpp, tpd), ps in _pair_grids(n_devices, [t for t in sorted(set(tps)) if t >= 1], True).items():
             if tpp != tpd:
                 out.extend(_shape(n_devices, tpp, tpd, p) for p in ps)
+    return out
+
+
+def budgets(node_sizes: Sequence[int], tps: Sequence[int]) -> dict[int, list[int]]:
+    """The devices a layout of each tp can use, tp-sized groups on one node each (a node of 6 holds one
+    worker of tp 4 and leaves 2 idle) -> the tps that have that budget; a tp without a worker is left out."""
+    out: dict[int, list[int]] = {}
+    for tp in sorted(set(tps)):
+        n = sum(c - c % tp for c in node_sizes)
+        if n >= tp:
+            out.setdefault(n, []).append(tp)
     return out
 
 
