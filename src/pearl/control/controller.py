@@ -333,16 +333,19 @@ class Controller(Lending):
         if not (self.cost_model and self.cfg.cost_aware):
             return True, "switch: no cost model", None, plan.makespan_s
         # Gain over the work the window holds (several batches), against a one-off transition.
-        horizon = min(window, self.cfg.horizon_s)
-        cand_h = horizon * best_pred.completion_s / cur_s + plan.makespan_s if math.isfinite(cur_s) else 0.0
+        horizon, m, scale_out = min(window, self.cfg.horizon_s), plan.makespan_s, plan.n_stops + plan.n_flips == 0
+        r = best_pred.completion_s / cur_s if math.isfinite(cur_s) else 0.0
+        # A pure scale-out (only starts) disturbs no running worker: the current layout serves on while the new
+        # workers start, and what it costs is their stops once their devices go. Otherwise the transition's
+        # makespan is lost to the work and paid as its cost (migrations, flips, draining workers).
+        cand_h, cost = (m + (horizon - m) * r, plan.n_starts * self.costs.stop_s) if scale_out else (horizon * r + m, m)
+        cand_h = cand_h if r else 0.0  # (nothing serves now: any layout gains the whole horizon)
         # A re-estimate, or lent devices back (unless what is left cannot serve, or elastic devices that came
         # during the lend wait idle: a budget change judged now): a streak, so noise cannot flap the layout.
         if why == "periodic" or (why == RETURNED and _valid(cur) and not idle_elastic):
-            v = self.gate.decide(t, horizon, cand_h, plan.makespan_s, window, self.last_switch, candidate=best)
-        else:  # the budget itself changed (devices came or go): a fact, not noise
-            # a pure scale-out (only starts) disturbs no running worker: no hysteresis band needed
-            gate = self.scale_out_gate if plan.n_stops + plan.n_flips == 0 else self.gate
-            v = gate.evaluate(t, horizon, cand_h, plan.makespan_s, window, None)
+            v = self.gate.decide(t, horizon, cand_h, cost, window, self.last_switch, candidate=best)
+        else:  # the budget itself changed (devices came or go): a fact, not noise; a scale-out needs no band
+            v = (self.scale_out_gate if scale_out else self.gate).evaluate(t, horizon, cand_h, cost, window, None)
         return v.switch, v.reason, v.gain_s, v.cost_s
 
     def _explore(self, t: float, why: str, ranked, cur: LayoutShape, cur_s: float):
