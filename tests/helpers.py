@@ -65,3 +65,22 @@ def tiny_cpu_model(loaded, model_name: str, threads: int = 1, factor: float = 1.
 def tiny_cpu_profile(path) -> str:
     """TINY_CPU_COEFFS saved as a profile (`profile:` in a train config)."""
     return str(save_profile(Profile("tiny", "cpu", 1, TINY_CPU_COEFFS, "2026-12-06T01:31:55+00:00", 68, 0.00021), path))
+
+
+def tiny_perf_for(tp2_eff: float):
+    """`perf_for(tp)` of the tiny model on a CPU core: tp 1, and tp 2 computing at `tp2_eff` times
+    tp 1's efficiency per core (a ResourceError for any other tp)."""
+    from pearl.errors import ResourceError
+    from pearl.perf.models import get_model
+
+    shape, hw = get_model("tiny"), get_hardware("cpu")
+    one = PerfModel(shape, hw).with_kv_capacity(65536)
+    c = one.coeffs
+    models = {1: one, 2: PerfModel(shape, hw, 2, replace(c, mfu=c.mfu * tp2_eff, bw_eff=c.bw_eff * tp2_eff))
+              .with_kv_capacity(65536)}
+
+    def perf_for(tp):
+        if tp not in models:
+            raise ResourceError(f"no tp {tp}")
+        return models[tp]
+    return perf_for

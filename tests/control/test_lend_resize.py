@@ -4,7 +4,6 @@ a new worker on the lent device by prediction, says which it chose and why, and 
 worker gives the device back instead of being stopped."""
 from __future__ import annotations
 
-from dataclasses import replace
 
 import pytest
 
@@ -14,12 +13,10 @@ from pearl.control.estimate import WorkloadStats
 from pearl.control.observation import (DeviceObs, Lend, Observation, Reclaim, Resize, Start, TrainerIdle,
                                        TrainerNeedsDevices, TrainerObs, WorkerObs)
 from pearl.control.policies import make_controller
-from pearl.errors import ResourceError
-from pearl.perf.hardware import get_hardware
 from pearl.perf.models import get_model
-from pearl.perf.roofline import PerfModel
 from pearl.types import DeviceStatus, LayoutShape, Pool, Role, WorkerPhase
 from pearl.workloads import TrajectorySpec
+from tests.helpers import tiny_perf_for
 
 ROLL, TRAIN = 0, 1
 
@@ -27,17 +24,7 @@ ROLL, TRAIN = 0, 1
 def _controller(tp2_eff: float, live_resize: bool = True, lend_starts: bool = True):
     """A controller for one rollout worker (device 0) and the trainer's device (1); the tp-2 model
     (two cores) computes at `tp2_eff` of the tp-1 model's efficiency per core."""
-    shape, hw = get_model("tiny"), get_hardware("cpu")
-    one = PerfModel(shape, hw).with_kv_capacity(65536)
-    c = one.coeffs
-    models = {1: one, 2: PerfModel(shape, hw, 2, replace(c, mfu=c.mfu * tp2_eff, bw_eff=c.bw_eff * tp2_eff))
-              .with_kv_capacity(65536)}
-
-    def perf_for(tp):
-        if tp not in models:
-            raise ResourceError(f"no tp {tp}")
-        return models[tp]
-
+    perf_for, shape = tiny_perf_for(tp2_eff), get_model("tiny")
     spec = TrajectorySpec(0, 0, 200, (64,) * 2, (50,), (0.0, 0.0))
     setting = ControlSetting(perf_for=perf_for, engine=EngineConfig(tp=1, max_num_seqs=16, max_batched_tokens=512),
                              stats=WorkloadStats.from_samples([spec]), batch_size=8, staleness=0, devices_per_node=1,

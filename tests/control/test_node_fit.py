@@ -3,7 +3,6 @@ shape that fits the devices node by node, instead of naming an infeasible one an
 devices idle."""
 from __future__ import annotations
 
-from dataclasses import replace
 
 import pytest
 
@@ -12,12 +11,10 @@ from pearl.control.controller import ControlSetting
 from pearl.control.estimate import WorkloadStats
 from pearl.control.observation import DeviceObs, Observation, Redecide, Start, TrainerObs, WorkerObs
 from pearl.control.policies import make_controller
-from pearl.errors import ResourceError
-from pearl.perf.hardware import get_hardware
 from pearl.perf.models import get_model
-from pearl.perf.roofline import PerfModel
 from pearl.types import DeviceStatus, LayoutShape, Pool, Role, WorkerPhase
 from pearl.workloads import TrajectorySpec
+from tests.helpers import tiny_perf_for
 
 
 @pytest.mark.parametrize("shape, sizes, fits", [
@@ -36,17 +33,7 @@ def test_a_shape_fits_when_each_worker_has_its_tp_devices_on_one_node(shape, siz
 def _controller(tp2_eff: float = 3.0):
     """Four rollout devices, two per node at most; a tp-2 worker computes `tp2_eff` times as
     efficiently per device as a tp-1 worker."""
-    shape, hw = get_model("tiny"), get_hardware("cpu")
-    one = PerfModel(shape, hw).with_kv_capacity(65536)
-    c = one.coeffs
-    models = {1: one, 2: PerfModel(shape, hw, 2, replace(c, mfu=c.mfu * tp2_eff, bw_eff=c.bw_eff * tp2_eff))
-              .with_kv_capacity(65536)}
-
-    def perf_for(tp):
-        if tp not in models:
-            raise ResourceError(f"no tp {tp}")
-        return models[tp]
-
+    perf_for, shape = tiny_perf_for(tp2_eff), get_model("tiny")
     spec = TrajectorySpec(0, 0, 200, (64,) * 2, (50,), (0.0, 0.0))
     setting = ControlSetting(perf_for=perf_for, engine=EngineConfig(tp=1, max_num_seqs=16, max_batched_tokens=512),
                              stats=WorkloadStats.from_samples([spec]), batch_size=16, staleness=0, devices_per_node=2,
