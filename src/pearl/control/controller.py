@@ -287,16 +287,17 @@ class Controller(Lending):
         (`selector.budgets`), best first, by the predictions as corrected by measurements."""
         s = self.setting
         pd = self.adapt_pd and self.cfg.adapt_pd  # the `adapt_pd: false` ablation: colocated, tp still chosen
+        groups = [(n, {tp: s.perf_for(tp) for tp in group}) for n, group in budgets(sizes, tps).items()]
 
         def at(b: BatchState, shapes=None, current=cur if _valid(cur) else None) -> dict[LayoutShape, Prediction]:
             out = {}
-            for n, group in budgets(sizes, tps).items():
-                only = shapes if shapes is not None or (pd and n >= 2 * min(group)) else \
-                    [LayoutShape.colocated(n // tp, tp) for tp in group]
+            for n, perfs in groups:
+                only = shapes if shapes is not None or (pd and n >= 2 * min(perfs)) else \
+                    [LayoutShape.colocated(n // tp, tp) for tp in perfs]
                 with suppress(ResourceError):  # (no shape of these tps fits in memory)
                     out.update((x[0], x[1]) for x in select(
-                        n, {tp: s.perf_for(tp) for tp in group}, s.engine, self.workload.stats, b, current=current,
-                        shapes=only, devices_per_node=s.devices_per_node, per_role=self.cfg.per_role_tp,
+                        n, perfs, s.engine, self.workload.stats, b, current=current, shapes=only,
+                        devices_per_node=s.devices_per_node, per_role=self.cfg.per_role_tp,
                         memo=self._scored.setdefault(b.size, {})).ranked)
             return out
         raw = at(self.batch)
