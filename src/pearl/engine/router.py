@@ -32,13 +32,18 @@ def take_share(on: dict[Any, list[Any]], new: Any) -> list[tuple[Any, Any]]:
     return moves
 
 
-def kv_pressure(e: Any) -> float:
+LOAD_WEIGHT = 0.002  # each request in flight counts as this much KV fullness
+
+
+def kv_pressure(e: Any, top: float | None = None) -> float:
     # KV hand-offs still in flight count too, or hand-offs finishing together all pick one worker. A
-    # worker slower than its peers (`speed` < 1: another kind of hardware) counts as fuller while its
-    # KV is far from full (speed decides), less so as it fills (memory decides): p / speed^(1-p).
+    # worker slower than the fastest (`rate` / `top` < 1: another kind of hardware, or a smaller tp)
+    # counts as fuller while its KV is far from full (speed decides), less so as it fills (memory
+    # decides): p / speed^(1-p).
     incoming = getattr(e, "incoming_tokens", 0)
-    p = (e.kv_used() + incoming) / e.kv_capacity + 0.002 * (e.load() + (incoming > 0))
-    return p / getattr(e, "speed", 1.0) ** max(0.0, 1.0 - p)
+    p = (e.kv_used() + incoming) / e.kv_capacity + LOAD_WEIGHT * (e.load() + (incoming > 0))
+    speed = getattr(e, "rate", 1.0) / top if top else 1.0
+    return p / speed ** max(0.0, 1.0 - p)
 
 
 def _two_choices(candidates: Sequence[Any], key, rng: random.Random | None) -> Any:
@@ -50,13 +55,29 @@ def _two_choices(candidates: Sequence[Any], key, rng: random.Random | None) -> A
     return a if key(a) <= key(b) else b
 
 
+def _rate(e: Any) -> float:
+    return getattr(e, "rate", 1.0)
+
+
+class Candidates(list):
+    """Workers to route among, with the fastest one's decode rate (`top`), worked out once (a caller
+    that caches the list routes each turn in O(1))."""
+
+    def __init__(self, workers: Any = ()):
+        super().__init__(workers)
+        self.top = max(map(_rate, self), default=1.0)
+
+
 def pick_decode(candidates: Sequence[Any], session: str, home: Any | None,
                 rng: random.Random | None = None, slack: float = 0.25) -> Any:
-    """A worker that will hold the session's KV and decode it (a `mixed` or `decode` worker)."""
+    """A worker that will hold the session's KV and decode it (a `mixed` or `decode` worker). A worker's
+    speed is its decode rate (`rate`, steps per second) relative to the fastest candidate's."""
+    top = getattr(candidates, "top", None) or max(map(_rate, candidates))
+    key = lambda e: kv_pressure(e, top)  # noqa: E731
     if home is not None and home.accepting and home.role is not Role.PREFILL and home.holds(session):
-        alt = _two_choices(candidates, kv_pressure, rng)
-        return home if kv_pressure(home) <= kv_pressure(alt) + slack else alt
-    return _two_choices(candidates, kv_pressure, rng)
+        alt = _two_choices(candidates, key, rng)
+        return home if key(home) <= key(alt) + slack else alt
+    return _two_choices(candidates, key, rng)
 
 
 def pick_prefill(candidates: Sequence[Any], session: str, home: Any | None, chunk: int,

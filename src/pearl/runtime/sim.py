@@ -17,7 +17,7 @@ from pearl.control.state import ClusterState
 from pearl.errors import ConfigError
 from pearl.engine.emulated import EmulatedEngine
 from pearl.engine.request import Request
-from pearl.engine.router import pick_decode, pick_prefill
+from pearl.engine.router import Candidates, pick_decode, pick_prefill
 from pearl.perf.hardware import get_hardware
 from pearl.perf.models import get_model
 from pearl.perf.roofline import PerfCoeffs, PerfModel
@@ -145,7 +145,7 @@ class Simulator(SimTrainer, SimBalance):
         eng = EmulatedEngine(wid, role, self.shared_step_time(pm.step_time), pm.kv_capacity_tokens(), self.cfg.engine.max_num_seqs,
                              self.cfg.engine.max_batched_tokens, self._on_done, self.version)
         eng.devices, eng.pm, eng.hw = devices, pm, self.device_hw.get(devices[0])  # its model, and its kind if another
-        eng.speed = 1.0 if eng.hw is None else pm.decode_speed() / self.perf_for(len(devices)).decode_speed()
+        eng.rate = pm.decode_speed()  # (the router weighs workers by it: another kind, or another tp)
         eng.on_plan = self._on_plan
         self.set_accepting(eng, False)
         self.engines[wid] = eng
@@ -242,7 +242,7 @@ class Simulator(SimTrainer, SimBalance):
         """Workers taking new turns, by role (cached: routing asks for every turn)."""
         got = self._serving_cache.get(roles)
         if got is None:
-            got = self._serving_cache[roles] = [e for e in self.engines.values() if e.accepting and e.role in roles]
+            got = self._serving_cache[roles] = Candidates(e for e in self.engines.values() if e.accepting and e.role in roles)
         return got
 
     def _decode_target(self, tr: SimTrajectory) -> EmulatedEngine | None:
