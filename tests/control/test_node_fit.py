@@ -12,7 +12,7 @@ from pearl.control.estimate import WorkloadStats
 from pearl.control.observation import DeviceObs, Observation, Redecide, Start, TrainerObs, WorkerObs
 from pearl.control.policies import make_controller
 from pearl.perf.models import get_model
-from pearl.types import DeviceStatus, LayoutShape, Pool, Role, WorkerPhase
+from pearl.types import DeviceStatus, LayoutShape, Mode, Pool, Role, WorkerPhase
 from pearl.workloads import TrajectorySpec
 from tests.helpers import tiny_perf_for
 
@@ -61,16 +61,24 @@ def test_the_best_layout_that_fits_the_nodes_is_chosen():
     d, _ = _decide((0, 0, 1, 1))
     assert d.chosen == str(LayoutShape.colocated(2, 2)), d.reason
     # Three nodes (two, one, one): a second tp-2 worker has no node. One tp-2 worker on the node of two
-    # (three times as efficient per device) is a candidate of its own, and beats four tp-1 workers.
+    # (three times as efficient per device) beats four tp-1 workers, and with two tp-1 workers beside
+    # it on the single devices (side workers) beats both: the tp-1 worker on the node of two moves.
     d, used = _decide((0, 0, 1, 2))
     shown = [c[0] for c in d.candidates]
     assert str(LayoutShape.colocated(2, 2)) not in shown, shown
-    assert d.chosen == str(LayoutShape.colocated(1, 2)) and str(LayoutShape.colocated(4, 1)) in shown, d.reason
-    assert used == {0, 1}, used
+    side = LayoutShape(Mode.COLOCATED, n_mixed=1, tp=2, n_side=2, tp_side=1)
+    assert d.chosen == str(side) and str(LayoutShape.colocated(4, 1)) in shown, d.reason
+    assert str(LayoutShape.colocated(1, 2)) in shown, shown
+    assert used == {0, 1, 2, 3}, used
 
 
-def test_devices_a_wider_worker_cannot_use_serve_when_that_is_faster():
-    """At 1.2 times the efficiency, one tp-2 worker (2.4 devices' worth) loses to four tp-1 workers."""
-    d, used = _decide((0, 0, 1, 2), tp2_eff=1.2)
-    assert d.chosen == str(LayoutShape.colocated(4, 1)), d.reason
+@pytest.mark.parametrize("tp2_eff, best", [
+    (1.2, LayoutShape(Mode.COLOCATED, n_mixed=1, tp=2, n_side=2, tp_side=1)),  # 2.4 + 2 devices' worth > 4
+    (0.5, LayoutShape.colocated(4, 1)),  # 1 + 2 < 4: a tp-2 worker is no faster than a tp-1 one
+])
+def test_devices_a_wider_worker_cannot_use_serve_when_that_is_faster(tp2_eff, best):
+    """One tp-2 worker alone (2.4 or 1 devices' worth) loses to four tp-1 workers; beside two tp-1
+    workers it wins where a tp-2 worker computes more per device. No device is left idle either way."""
+    d, used = _decide((0, 0, 1, 2), tp2_eff=tp2_eff)
+    assert d.chosen == str(best), d.reason
     assert used >= {1, 2, 3}, used

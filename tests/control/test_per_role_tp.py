@@ -7,7 +7,8 @@ from __future__ import annotations
 import pytest
 
 from pearl.config import EngineConfig, ScenarioConfig, WorkloadConfig, parse_config
-from pearl.control.planner import DeviceView, InfeasiblePlan, StepKind, WorkerView, plan_full_restart, plan_transition
+from pearl.control.planner import DeviceView, InfeasiblePlan, StepKind, WorkerView, plan_transition
+from pearl.control.restart import plan_full_restart
 from pearl.control.predictor import BatchState, WorkloadStats, predict_many
 from pearl.control.selector import candidates, select
 from pearl.errors import ConfigError

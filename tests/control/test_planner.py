@@ -10,7 +10,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pearl.control.planner import (DeviceView, InfeasiblePlan, Plan, PlanStep, StepKind, TransitionCosts,
-                                   WorkerView, plan_full_restart, plan_transition)
+                                   WorkerView, plan_transition)
+from pearl.control.restart import plan_full_restart
 from pearl.types import LayoutShape, Pool, Role
 
 M, P, D = Role.MIXED, Role.PREFILL, Role.DECODE

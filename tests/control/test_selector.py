@@ -99,8 +99,8 @@ def test_a_memo_reuses_predictions_and_ranks_the_same(monkeypatch):
 
     perfs, st, batch = {tp: Q8.with_tp(tp) for tp in (1, 2)}, stats(DECODE_HEAVY, 256), BatchState.fresh(256)
     calls = []
-    real = selector.predict_many
-    monkeypatch.setattr(selector, "predict_many", lambda shapes, *a, **k: calls.append(len(shapes)) or real(shapes, *a, **k))
+    real = selector.predict_shapes
+    monkeypatch.setattr(selector, "predict_shapes", lambda shapes, *a, **k: calls.append(len(shapes)) or real(shapes, *a, **k))
     memo: dict = {}
     select(16, perfs, ENGINE, st, batch, memo=memo)
     first = sum(calls)

@@ -30,11 +30,12 @@ from pearl.control.estimate import LifetimeEstimator, WorkloadEstimator
 from pearl.control.lending import RETURNED, Lending, serves as _valid
 from pearl.control.observation import (Decision, DevicesAdded, DevicesRemoved, Effects, Event, Notice, Observation,
                                        Redecide, SetCap, Stop, TrainerIdle, TrainerNeedsDevices, plan_actions)
-from pearl.control.planner import (DeviceView, Plan, TransitionCosts, WorkerView, plan_full_restart,
-                                   plan_transition)
-from pearl.control.predictor import BatchState, Prediction, WorkloadStats, predict_many, prepare
+from pearl.control.planner import DeviceView, Plan, TransitionCosts, WorkerView, plan_transition
+from pearl.control.predictor import BatchState, Prediction, WorkloadStats, prepare
+from pearl.control.predictor_mix import predict_shapes
 from pearl.control.refit import ThroughputRefit
-from pearl.control.selector import budgets, select
+from pearl.control.restart import plan_full_restart
+from pearl.control.selector import budgets, select, side_shapes
 from pearl.control.switching import SwitchGate
 from pearl.errors import ResourceError
 from pearl.perf.roofline import PerfModel
@@ -213,8 +214,8 @@ class Controller(Lending):
         new = [s for s in dict.fromkeys(shapes) if s not in self._preds]
         if new:
             k, s = self.k, self.setting
-            got = predict_many(new, [s.perf_for(x.tp) for x in new], s.engine, self.workload.stats, self.batch,
-                               s.devices_per_node, reps=self.reps, tol=k.predict_tol, grid_points=k.predict_grid_points)
+            got = predict_shapes(new, s.perf_for, s.engine, self.workload.stats, self.batch, s.devices_per_node,
+                                 reps=self.reps, tol=k.predict_tol, grid_points=k.predict_grid_points)
             self._preds.update(zip(new, got))
         return [self._preds[s] for s in shapes]
 
@@ -287,13 +288,17 @@ class Controller(Lending):
         (`selector.budgets`), best first, by the predictions as corrected by measurements."""
         s = self.setting
         pd = self.adapt_pd and self.cfg.adapt_pd  # the `adapt_pd: false` ablation: colocated, tp still chosen
-        groups = [(n, {tp: s.perf_for(tp) for tp in group}) for n, group in budgets(sizes, tps).items()]
+        groups = [(n, {tp: s.perf_for(tp) for tp in group}, None) for n, group in budgets(sizes, tps).items()]
+        if side := side_shapes(sizes, tps):  # a larger tp on whole groups beside a smaller one on the pieces
+            groups.append((0, {tp: s.perf_for(tp) for tp in tps}, side))
 
         def at(b: BatchState, shapes=None, current=cur if _valid(cur) else None) -> dict[LayoutShape, Prediction]:
             out = {}
-            for n, perfs in groups:
-                only = shapes if shapes is not None or (pd and n >= 2 * min(perfs)) else \
-                    [LayoutShape.colocated(n // tp, tp) for tp in perfs]
+            for n, perfs, mine in groups:
+                if shapes is not None or mine is not None:
+                    only = mine if shapes is None else [x for x in shapes if bool(x.n_side) == (mine is not None)]
+                else:
+                    only = None if pd and n >= 2 * min(perfs) else [LayoutShape.colocated(n // tp, tp) for tp in perfs]
                 with suppress(ResourceError):  # (no shape of these tps fits in memory)
                     out.update((x[0], x[1]) for x in select(
                         n, perfs, s.engine, self.workload.stats, b, current=current, shapes=only,
@@ -303,7 +308,7 @@ class Controller(Lending):
         raw = at(self.batch)
         if self.admission is not None and self.admission.cap is not None:  # thrashing: the best few, and the
             # current one, each at the cap it would settle at
-            top = [*list(raw)[:6], *([cur] if cur in raw else [])]
+            top = [*sorted(raw, key=lambda x: raw[x].completion_s)[:6], *([cur] if cur in raw else [])]
             for c in self.admission.caps():
                 if c != self.batch.size:
                     for x, p in at(BatchState(n_fresh=c, queued=self.pipeline - c), top, None).items():

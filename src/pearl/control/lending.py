@@ -152,7 +152,8 @@ class Lending:
             options = {Role.PREFILL: replace(cur, n_prefill=cur.n_prefill + add),
                        Role.DECODE: replace(cur, n_decode=cur.n_decode + add)}
         else:
-            options = {Role.MIXED: LayoutShape.colocated(cur.n_workers + add, tp)}
+            options = {Role.MIXED: replace(cur, n_mixed=cur.n_mixed + add) if cur.n_side else
+                       LayoutShape.colocated(cur.n_workers + add, tp)}
         live = [w for w in obs.workers if w.accepting]
         wide = None
         if self.setting.live_resize and cur.mode is Mode.COLOCATED and live and n and n % len(live) == 0 and \

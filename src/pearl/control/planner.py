@@ -3,8 +3,8 @@
 Job: given the live workers, the free devices and a target `LayoutShape`, decide which workers stay,
 which flip role (weights resident: cheap), which stop (their in-flight requests migrate to
 survivors) and where new workers start (only on free devices, only when the target needs more
-workers than exist), then order those steps make-before-break and cost them. `plan_full_restart` is
-the ablation (stop everything, start the target from scratch).
+workers than exist), then order those steps make-before-break and cost them. `pearl.control.restart`
+holds the ablation (stop everything, start the target from scratch).
 
 The core is one min-cost assignment (scipy's `linear_sum_assignment`): rows are the existing workers
 plus candidate start slots (tp free devices on one node); columns are the target's role slots plus
@@ -13,16 +13,18 @@ starts + stops + flips (the smallest change), then device-seconds of disruption,
 (decode/mixed on transient devices is penalised: a prefill worker holds no long-lived KV, so it is
 the cheap role to vacate when a lent or elastic device must go).
 
-A target with a prefill tp of its own (`LayoutShape.tp_prefill`) is planned one tp at a time, the
-larger first (it needs more devices on one node): the same assignment over the workers of that size
-and slots of that size, then the other tp over what is left (free devices not started on, the
-devices of workers that stop). A worker of one size never becomes a worker of the other.
+A target with workers of two tps (a prefill tp of its own, `LayoutShape.tp_prefill`, or colocated side
+workers, `LayoutShape.tp_side`) is planned one tp at a time (`LayoutShape.tp_groups`), the larger
+first (it needs more devices on one node): the same assignment over the workers of that size and
+slots of that size, then the other tp over what is left (free devices not started on, the devices of
+workers that stop). A worker of one size never becomes a worker of the other.
 
 What it must not do: touch the cluster state, own time, or import torch, Ray, asyncio or `time`.
 It returns a `Plan`; the controller executes it.
 """
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass, replace
 from enum import Enum
 from typing import Mapping, Sequence
@@ -34,7 +36,7 @@ from pearl.errors import ResourceError
 from pearl.types import LayoutShape, Pool, Role
 
 __all__ = ["DeviceView", "InfeasiblePlan", "Plan", "PlanStep", "StepKind", "TransitionCosts",
-           "WorkerView", "plan_full_restart", "plan_transition"]
+           "WorkerView", "plan_transition"]
 
 
 @dataclass(frozen=True)
@@ -163,8 +165,7 @@ def _check_unique(workers: Sequence[WorkerView], free: Sequence[DeviceView]) -> 
 def _check_capacity(workers: Sequence[WorkerView], free: Sequence[DeviceView], target: LayoutShape) -> None:
     held, n_free = sum(len(w.devices) for w in workers), len(free)
     if target.n_devices > held + n_free:
-        what = (f"{target.n_workers} workers × tp {target.tp}" if not target.per_role_tp else
-                f"{target.n_prefill} × tp {target.tp_prefill} + {target.n_workers - target.n_prefill} × tp {target.tp}")
+        what = " + ".join(f"{len(roles)} × tp {tp}" for tp, roles in target.tp_groups())
         raise InfeasiblePlan(f"target {target} needs {target.n_devices} devices ({what}) but workers hold "
                              f"{held} and {n_free} are free ({held + n_free} in all)")
 
@@ -173,15 +174,6 @@ def _check_slots(target: LayoutShape, n_roles: int, tp: int, n_slots_possible: i
     if n_roles > n_slots_possible:
         raise InfeasiblePlan(f"target {target} needs {n_roles} workers of tp {tp} but "
                              f"only {n_slots_possible} can be placed (tp devices on one node each)")
-
-
-def _role_groups(target: LayoutShape) -> list[tuple[int, list[Role]]]:
-    """The target's role slots by tp, the larger tp first (one group when every worker has one tp)."""
-    if not target.per_role_tp:
-        return [(target.tp, target.roles())]
-    groups = [(target.tp_of(Role.PREFILL), [Role.PREFILL] * target.n_prefill),
-              (target.tp, [Role.DECODE] * target.n_decode + [Role.MIXED] * target.n_mixed)]
-    return sorted((g for g in groups if g[1]), key=lambda g: -g[0])
 
 
 def _left(free: Sequence[DeviceView], freed: Sequence[WorkerView], used: set[int],
@@ -249,12 +241,12 @@ def plan_transition(workers: Sequence[WorkerView], free: Sequence[DeviceView], t
     different stopped workers can be grouped; without it each stays with its own worker's). A target
     with a per-role tp is planned one tp group at a time (module docstring).
     """
-    groups = _role_groups(target)
+    groups = target.tp_groups()
     sizes = {tp for tp, _ in groups}
     other = sorted((w for w in workers if len(w.devices) not in sizes), key=lambda w: w.id)
     _check_unique(workers, free)
     _check_capacity(workers, free, target)
-    surplus = _surplus(workers, groups[1:], costs, device_nodes or {})
+    surplus = _surplus(workers, groups, costs, device_nodes or {}, free, other)
     flips: list[tuple[WorkerView, Role]] = []
     stops: list[WorkerView] = []
     starts: list[tuple[_Slot, Role]] = []
@@ -274,20 +266,50 @@ def plan_transition(workers: Sequence[WorkerView], free: Sequence[DeviceView], t
     return _ordered(target, flips, stops + surplus + other, starts, costs, sizes)
 
 
-def _surplus(workers: Sequence[WorkerView], later: Sequence[tuple[int, list[Role]]], costs: TransitionCosts,
-             nodes: Mapping[int, int]) -> list[WorkerView]:
-    """Workers of a later tp group's size beyond that group's role slots: they stop whatever the plan,
-    so the earlier (larger) group may start on their devices. Which ones: the same assignment as
-    the group's own, without start slots; among equals, the last in (node, device) order, so that
-    the devices released fill whole nodes."""
+def _surplus(workers: Sequence[WorkerView], groups: Sequence[tuple[int, list[Role]]], costs: TransitionCosts,
+             nodes: Mapping[int, int], free: Sequence[DeviceView], other: Sequence[WorkerView]) -> list[WorkerView]:
+    """Workers of a later tp group's size that stop whatever the plan, so that the first (larger) group
+    may start on their devices: those beyond that group's role slots (the same assignment as the
+    group's own, without start slots; among equals, the last in (node, device) order); and where the
+    first group would lack places, the ones whose devices complete groups of its tp on one node (with
+    the free devices and those of the `other` workers that stop): they start again elsewhere."""
     out: list[WorkerView] = []
-    for tp, roles in later:
+    (big, big_roles), n_big = groups[0], sum(len(w.devices) == groups[0][0] for w in workers)
+    for tp, roles in groups[1:]:
         same = sorted((w for w in workers if len(w.devices) == tp), key=lambda w: w.id)
+        pick: list[WorkerView] = []
         if len(same) > len(roles):
             order = sorted(range(len(same)), key=lambda i: (nodes.get(same[i].devices[0], -1), same[i].devices))
             cols = _assign_group(same, [], roles, costs, tp, [1e-6 * (len(same) - order.index(i)) for i in range(len(same))])
-            out += [w for w, c in zip(same, cols) if c >= len(roles)]
+            pick = [w for w, c in zip(same, cols) if c >= len(roles)]
+        if n_big + len(_slots(free, [*other, *out, *pick], big, nodes)) < len(big_roles):
+            short = len(big_roles) - n_big - len(_slots(free, [*other, *out], big, nodes))
+            pick = _completing(same, pick, big, nodes, free, [*other, *out], short)
+        out += pick
     return out
+
+
+def _completing(same: Sequence[WorkerView], pick: Sequence[WorkerView], big: int, nodes: Mapping[int, int],
+                free: Sequence[DeviceView], stopped: Sequence[WorkerView], short: int) -> list[WorkerView]:
+    """Workers of `same` to stop, at least as many as `pick` holds, chosen so that their devices, with
+    the free ones and those of `stopped`, make `short` more groups of `big` devices on one node (as
+    many as they can): node by node, the one that completes a group with the fewest stops first;
+    the rest as in `pick`."""
+    room = Counter([d.node for d in free] + [nodes.get(x) for w in stopped for x in w.devices])
+    on: dict[object, list[WorkerView]] = {}
+    for w in same:
+        on.setdefault(nodes.get(w.devices[0]), []).append(w)
+    out: list[WorkerView] = []
+    while short > 0:
+        need = {n: -(-(big - room[n] % big) // len(ws[0].devices)) for n, ws in on.items() if ws}
+        ok = [n for n in need if need[n] <= len(on[n])]
+        if not ok:
+            break
+        n = min(ok, key=lambda x: (need[x], repr(x)))
+        out += on[n][:need[n]]
+        room[n] += sum(len(w.devices) for w in on[n][:need[n]])
+        on[n], short = on[n][need[n]:], short - 1
+    return out + [w for w in dict.fromkeys([*pick, *same]) if w not in out][:len(pick) - len(out)]
 
 
 def _assign_group(keep: Sequence[WorkerView], slots: Sequence[_Slot], roles: Sequence[Role],
@@ -362,39 +384,4 @@ def _ordered(target: LayoutShape, flips: list[tuple[WorkerView, Role]], stops: l
             b.add(StepKind.START, None, s.devices, r, costs.start_s,
                   f"new {r.value} worker on devices {list(s.devices)} released by workers "
                   f"{list(s.owners)} (pulls weights from a peer)", [stop_at[o] for o in s.owners])
-    return b.build()
-
-
-def plan_full_restart(workers: Sequence[WorkerView], free: Sequence[DeviceView], target: LayoutShape,
-                      costs: TransitionCosts = TransitionCosts(), *,
-                      device_nodes: Mapping[int, int] | None = None) -> Plan:
-    """The ablation: stop every worker (its requests leave, token-level), then start the whole
-    target from scratch on the free devices and the released ones. Placement still puts prefill on
-    transient devices, so the comparison with `plan_transition` isolates incrementality."""
-    ws = sorted(workers, key=lambda w: w.id)
-    _check_unique(workers, free)
-    _check_capacity(workers, free, target)
-    starts: list[tuple[_Slot, Role]] = []
-    free_left, freed_left = list(free), list(ws)
-    for tp, roles in _role_groups(target):
-        slots = _slots(free_left, freed_left, tp, device_nodes)
-        _check_slots(target, len(roles), tp, len(slots))
-        n = len(slots)
-        ops, sec = np.zeros((n, n)), np.zeros((n, n))
-        for i, s in enumerate(slots):
-            for j, r in enumerate(roles):
-                ops[i, j], sec[i, j] = 1, _penalty(r, s.transient, costs)
-        cols = _assign(n, ops, sec)
-        new = [(s, roles[c]) for s, c in zip(slots, cols) if c < len(roles)]
-        starts += new
-        free_left, freed_left = _left(free_left, freed_left, {d for sl, _ in new for d in sl.devices}, ())
-    b = _Builder(target)
-    stop_at: dict[int, int] = {}
-    for w in ws:
-        deps = b.migrate_then(w, None, costs, ())
-        stop_at[w.id] = b.add(StepKind.STOP, w.id, w.devices, None, costs.stop_s, "full restart", deps)
-    for s, r in starts:
-        b.add(StepKind.START, None, s.devices, r, costs.start_s,
-              f"full restart: new {r.value} worker on devices {list(s.devices)}",
-              [stop_at[o] for o in s.owners])
     return b.build()

@@ -23,17 +23,18 @@ Pure: no clocks, no I/O.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 from scipy.optimize import brentq
 
 from pearl.config import EngineConfig
-from pearl.control.predictor import BatchState, Prediction, WorkloadStats, _critical_path, _stacked, prepare
+from pearl.control.predictor import (BatchState, Prediction, WorkloadStats, _critical_path, _stacked, predict_many,
+                                     prepare)
 from pearl.control.predictor_core import BatchReps, _solve
 from pearl.control.predictor_end import _expected_max, _same_node_share
 from pearl.perf.roofline import PerfModel
-from pearl.types import LayoutShape
+from pearl.types import LayoutShape, Role
 
 _GRID = np.linspace(0.04, 0.96, 24)  # the shares α priced at once (then refined around the pick)
 
@@ -133,6 +134,33 @@ def predict_two_kinds(parts: Sequence[KindPart], engine: EngineConfig, stats: Wo
     mean_T = [(w * r["T"][k]).sum() / n for k in range(2)]
     return Prediction(comp, gen / comp, conc, max(terms, key=terms.get),
                       dict(share=alpha, critical_path=terms, mean_T=mean_T, evicted_share=[float(x) for x in r["evict"]]))
+
+
+def predict_shapes(shapes: Sequence[LayoutShape], perf_of: Callable[[int], PerfModel], engine: EngineConfig,
+                   stats: WorkloadStats, batch: BatchState, devices_per_node: int = 8, reps: BatchReps | None = None,
+                   tol: float = 1e-2, grid_points: int = 48,
+                   prefill_of: Callable[[int], PerfModel] | None = None) -> list[Prediction]:
+    """Predictions for layout shapes of every kind, in order: shapes of one tp or a prefill tp of their
+    own at once (`predict_many`; `prefill_of(tp)` the prefill workers' model, default `perf_of`'s at
+    that tp), a colocated shape with side workers (`LayoutShape.tp_side`) as two parts with the split
+    of the batch that ends it first (`predict_two_kinds(share="best")`): in a pipeline the router
+    sends each new session to the least loaded worker, which balances the parts (measured in
+    docs/results.md: within 7% of the simulated batch period on 22 devices, staleness 1)."""
+    out: list[Prediction | None] = [None] * len(shapes)
+    one = [i for i, s in enumerate(shapes) if not s.n_side]
+    if one:
+        ss = [shapes[i] for i in one]
+        got = predict_many(ss, [perf_of(s.tp) for s in ss], engine, stats, batch, devices_per_node, reps=reps,
+                           tol=tol, grid_points=grid_points,
+                           prefill_perfs=None if prefill_of is None else [prefill_of(s.tp_of(Role.PREFILL)) for s in ss])
+        for i, p in zip(one, got):
+            out[i] = p
+    for i, s in enumerate(shapes):
+        if s.n_side:
+            parts = [KindPart(s.n_mixed, perf_of(s.tp)), KindPart(s.n_side, perf_of(s.tp_side))]
+            out[i] = predict_two_kinds(parts, engine, stats, batch, share="best", devices_per_node=devices_per_node,
+                                       reps=reps, tol=tol, grid_points=grid_points)
+    return out  # type: ignore[return-value]
 
 
 def _pair_share(part: KindPart, n_p: int, devices_per_node: int) -> float:

@@ -20,12 +20,13 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from pearl.config import EngineConfig
-from pearl.control.predictor import BatchState, Prediction, WorkloadStats, predict_many, prepare
+from pearl.control.predictor import BatchState, Prediction, WorkloadStats, prepare
+from pearl.control.predictor_mix import predict_shapes
 from pearl.errors import ResourceError
 from pearl.perf.roofline import PerfModel
 from pearl.types import LayoutShape, Mode, Role
 
-__all__ = ["Selection", "budgets", "candidates", "select"]
+__all__ = ["Selection", "budgets", "candidates", "select", "side_shapes"]
 
 
 @dataclass(frozen=True)
@@ -71,6 +72,19 @@ def budgets(node_sizes: Sequence[int], tps: Sequence[int]) -> dict[int, list[int
     return out
 
 
+def side_shapes(node_sizes: Sequence[int], tps: Sequence[int]) -> list[LayoutShape]:
+    """Colocated layouts of two tps: for each pair of `tps`, workers of the larger on every group of
+    its size a node holds, and workers of the smaller on what each node has left (nodes of 8, 8 and 6
+    with tps 8 and 2: two of tp 8 and three of tp 2), where both have a worker."""
+    out = []
+    for big in sorted(set(tps)):
+        for small in (t for t in sorted(set(tps)) if t < big):
+            n_big, n_small = sum(c // big for c in node_sizes), sum(c % big // small for c in node_sizes)
+            if n_big and n_small:
+                out.append(LayoutShape(Mode.COLOCATED, n_mixed=n_big, tp=big, n_side=n_small, tp_side=small))
+    return out
+
+
 def _pair_grids(n_devices: int, tps: Sequence[int], per_role: bool) -> dict[tuple[int, int], list[int]]:
     """(prefill tp, decode tp) -> the prefill counts whose decode workers fill `n_devices` exactly
     (at least one of each). Without `per_role`, only the pairs of one tp: every count in 1..n-1."""
@@ -109,7 +123,8 @@ def select(n_devices: int, perf_for_tp: Callable[[int], PerfModel] | Mapping[int
     """Rank layout shapes for `n_devices` by predicted completion of `batch` + transition cost.
 
     `perf_for_tp(tp)` gives the worker model at that tp (a mapping's keys are the allowed tps; a tp
-    whose model does not fit in memory is skipped). `shapes` restricts the choice to those shapes;
+    whose model does not fit in memory is skipped). `shapes` restricts the choice to those shapes (of any kind: colocated side workers too, each priced
+    with the models of its tps);
     otherwise a tp (with `per_role`, a (prefill tp, decode tp) pair) with at most `exhaustive` ratios
     is searched exhaustively, a larger one coarse-to-fine (only grids within `margin` of the best are
     refined). The current layout costs nothing to keep. `memo`: predictions of earlier calls for the
@@ -129,15 +144,15 @@ def select(n_devices: int, perf_for_tp: Callable[[int], PerfModel] | Mapping[int
 
     def score(batch_shapes: list[LayoutShape]) -> None:
         new = [s for s in dict.fromkeys(batch_shapes)
-               if s not in scored and s.tp in perfs and s.tp_of(Role.PREFILL) in perfs]
-        key = {s: (s, id(perfs[s.tp]), id(perfs[s.tp_of(Role.PREFILL)])) for s in new}
+               if s not in scored and all(tp in perfs for tp, _ in s.tp_groups())]
+        key = {s: (s, *(id(perfs[tp]) for tp, _ in s.tp_groups())) for s in new}
         if memo is not None:
             scored.update((s, memo[key[s]]) for s in new if key[s] in memo)
             new = [s for s in new if s not in scored]
         if new:
-            for s, p in zip(new, predict_many(new, [perfs[s.tp] for s in new], engine, stats, batch,
-                                              devices_per_node, reps=prepared(), tol=tol, grid_points=48,
-                                              prefill_perfs=[perfs[s.tp_of(Role.PREFILL)] for s in new])):
+            for s, p in zip(new, predict_shapes(new, perfs.__getitem__, engine, stats, batch, devices_per_node,
+                                                reps=prepared(), tol=tol, grid_points=48,
+                                                prefill_of=perfs.__getitem__)):
                 scored[s] = p
                 if memo is not None:
                     memo[key[s]] = p

@@ -13,11 +13,10 @@ user error, so it is not a `PearlError`.
 """
 from __future__ import annotations
 
-from collections import Counter
 from dataclasses import dataclass, field
 from typing import Iterable
 
-from pearl.types import DeviceStatus, LayoutShape, Mode, Pool, Role, WorkerPhase
+from pearl.types import DeviceStatus, LayoutShape, Pool, Role, WorkerPhase
 
 __all__ = ["ClusterState", "Device", "Event", "StateError", "Worker"]
 
@@ -331,23 +330,8 @@ class ClusterState:
         return sum(d.status not in (DeviceStatus.TRAINING, DeviceStatus.GONE) for d in self.devices.values())
 
     def shape(self) -> LayoutShape:
-        """Shape of the live layout: LOADING and SERVING workers.
-        Disaggregated as soon as one prefill/decode worker exists (mixed ones are then counted too);
-        tp is the most common worker size (the larger on a tie), unless the prefill workers all have
-        one size and the others all another: then each side has its own (`tp_prefill`, `tp`)."""
-        ws = [w for w in self.workers.values() if w.phase in _LIVE]
-        if not ws:
-            return LayoutShape.colocated(0)
-        n = Counter(w.role for w in ws)
-        sizes = Counter(len(w.devices) for w in ws)
-        tp, tp_p = max(sizes, key=lambda k: (sizes[k], k)), None
-        mode = Mode.DISAGGREGATED if n[Role.PREFILL] or n[Role.DECODE] else Mode.COLOCATED
-        pre = {len(w.devices) for w in ws if w.role is Role.PREFILL}
-        rest = {len(w.devices) for w in ws if w.role is not Role.PREFILL}
-        if len(pre) == 1 and len(rest) == 1 and pre != rest:
-            tp, tp_p = rest.pop(), pre.pop()
-        return LayoutShape(mode, n_mixed=n[Role.MIXED], n_prefill=n[Role.PREFILL], n_decode=n[Role.DECODE], tp=tp,
-                           tp_prefill=tp_p)
+        """Shape of the live layout: LOADING and SERVING workers (`LayoutShape.observed`)."""
+        return LayoutShape.observed((w.role, len(w.devices)) for w in self.workers.values() if w.phase in _LIVE)
 
     def timeline(self) -> list[dict]:
         """The event log as plain dicts {t, kind, **data}, ready for JSON."""

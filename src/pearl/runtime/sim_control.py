@@ -26,6 +26,7 @@ class SimControl:
         self.sim = sim
         self.driver: ControlDriver | None = None
         self.warm: set[int] = set()  # elastic devices that have run a worker (paid their cold start)
+        self.initial: LayoutShape | None = None  # a layout to start instead of the configured one (benchmarks)
 
     # ------------------------------------------------------------------ set-up
     def setup(self) -> ControlDriver:
@@ -46,7 +47,7 @@ class SimControl:
                 max_concurrent=sim.cfg.rl.max_concurrent_trajectories)
         ctrl = make_controller(policy, setting)
         plan = getattr(ctrl, "initial_shape", None)  # a policy that plans its layout before the run
-        self._initial_layout(plan(len(sim.rollout_devices)) if plan else None)
+        self._initial_layout(self.initial or (plan(len(sim.rollout_devices)) if plan else None))
         self.driver = ControlDriver(ctrl, sim.clock, self, self.observe)
         self.driver.start()
         return self.driver
@@ -58,8 +59,8 @@ class SimControl:
         devs = sim.rollout_devices
         if shape is None and lay.prefill_tp not in (None, tp):
             shape = lay.shape(len(devs), tp)
-        if shape is not None and shape.per_role_tp:
-            self._initial_per_role(shape)
+        if shape is not None and len(shape.tp_groups()) > 1:
+            self._initial_two_tps(shape)
             return
         groups = [tuple(devs[i:i + tp]) for i in range(0, len(devs) - tp + 1, tp)]
         if shape is not None:
@@ -70,15 +71,15 @@ class SimControl:
         for g, role in zip(groups, roles):
             sim.start_worker(g, role, load_s=0.0)
 
-    def _initial_per_role(self, shape: LayoutShape) -> None:
-        """A layout whose prefill workers have a tp of their own: the workers of the larger tp are cut
-        from the rollout devices first, so that every group starts at a multiple of its size (the
-        sizes are powers of two dividing a node: no worker spans two nodes)."""
+    def _initial_two_tps(self, shape: LayoutShape) -> None:
+        """A layout with workers of two tps (a prefill tp of its own, or side workers): the workers of
+        the larger tp are cut from the rollout devices first, so that every group starts at a multiple
+        of its size (the sizes are powers of two dividing a node: no worker spans two nodes)."""
         devs, at = self.sim.rollout_devices, 0
-        for role in sorted(shape.roles(), key=lambda r: -shape.tp_of(r)):
-            tp = shape.tp_of(role)
-            self.sim.start_worker(tuple(devs[at:at + tp]), role, load_s=0.0)
-            at += tp
+        for tp, roles in shape.tp_groups():
+            for role in roles:
+                self.sim.start_worker(tuple(devs[at:at + tp]), role, load_s=0.0)
+                at += tp
 
     def cold_start_s(self, tp: int) -> float:
         """A worker's first start on an elastic device: process start and warm-up
