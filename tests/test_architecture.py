@@ -26,7 +26,7 @@ PACKAGE = "pearl"
 # wins. docs/architecture.md ("Layers") must show the same table: change both together.
 LAYERS: list[tuple[str, list[str]]] = [
     ("values", ["pearl.types", "pearl.errors", "pearl.config", "pearl.config_estimate", "pearl.config_admission",
-                "pearl.config_schedule", "pearl.config_layout", "pearl.config_twin"]),
+                "pearl.config_schedule", "pearl.config_layout", "pearl.config_twin", "pearl.config_io"]),
     ("model", ["pearl.perf.*"]),
     ("bookkeeping", ["pearl.kv.*", "pearl.engine.request", "pearl.engine.scheduler", "pearl.engine.router",
                      "pearl.workloads", "pearl.control.state", "pearl.control.staleness"]),
