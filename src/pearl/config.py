@@ -272,6 +272,9 @@ class PolicyConfig(Frozen):
     # Let a disaggregated layout give its prefill workers a tp of their own (among `tps`): PEARL's
     # selector then ranks (prefill tp, decode tp) pairs, and the tuner gives static-pd and bound the same.
     per_role_tp: bool = False
+    # Baselines (rlboost+): workers of this smaller tp on the devices of a node that engine.tp workers
+    # cannot use (a spot VM of 6 beside tp 8). PEARL chooses its own; the tuner tunes it (None: none).
+    side_tp: int | None = Field(default=None, ge=1, le=MAX_TP)
     controller: ControllerConfig = ControllerConfig()
 
     @field_validator("tps")
@@ -311,6 +314,9 @@ class ScenarioConfig(Frozen):
         bad = [t for t in self.policy.tps or () if node % t]
         if bad:
             raise ValueError(f"policy.tps: {bad[0]} does not divide cluster.devices_per_node ({node})")
+        side = self.policy.side_tp
+        if side is not None and (side >= tp or tp % side):
+            raise ValueError(f"policy.side_tp ({side}) must divide engine.tp ({tp}) and be smaller")
         if b > MAX_BATCH:
             raise ValueError(f"rl.prompts_per_batch x rl.group_size = {b} trajectories per batch; the most is {MAX_BATCH}")
         return self

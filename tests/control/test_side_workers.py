@@ -134,3 +134,39 @@ def test_the_router_counts_a_slower_worker_as_fuller():
     assert pick_decode([slow, fast], "s", None, random.Random(0)) is fast
     same_a, same_b = _Eng(80.0, 200, 20), _Eng(80.0, 150, 15)
     assert pick_decode([same_a, same_b], "s", None, random.Random(0)) is same_b
+
+
+def _rlboost(side_tp):
+    """rlboost+ at tp 2 (its side tp `side_tp`) on nodes of two devices at most; a tp-2 worker computes
+    1.5 times as efficiently per device as a tp-1 one."""
+    from pearl.config import PolicyConfig
+    from pearl.control.controller import ControlSetting
+    from pearl.control.policies import make_controller
+    from pearl.workloads import TrajectorySpec
+    from tests.helpers import tiny_perf_for
+
+    spec = TrajectorySpec(0, 0, 200, (64,) * 2, (50,), (0.0, 0.0))
+    setting = ControlSetting(perf_for=tiny_perf_for(1.5), engine=EngineConfig(tp=2, max_num_seqs=16, max_batched_tokens=512),
+                             stats=WorkloadStats.from_samples([spec]), batch_size=16, staleness=0, devices_per_node=2,
+                             num_kv_heads=get_model("tiny").num_kv_heads, group_size=4)
+    return make_controller(PolicyConfig(name="rlboost+", side_tp=side_tp), setting)
+
+
+@pytest.mark.parametrize("side_tp", [None, 1])
+def test_rlboost_with_a_side_tp_serves_on_single_elastic_devices(side_tp):
+    """Two single elastic devices arrive beside a tp-2 worker: rlboost+ at tp 2 cannot use them; with
+    its side tp 1 (the knob the tuner gives it) it starts a tp-1 worker on each."""
+    from pearl.control.observation import DeviceObs, DevicesAdded, Observation, Start, TrainerObs, WorkerObs
+    from pearl.types import DeviceStatus, WorkerPhase
+
+    devices = (DeviceObs(0, Pool.ROLLOUT, 0, DeviceStatus.SERVING), DeviceObs(1, Pool.ROLLOUT, 0, DeviceStatus.SERVING),
+               DeviceObs(2, Pool.ELASTIC, 1, DeviceStatus.FREE), DeviceObs(3, Pool.ELASTIC, 2, DeviceStatus.FREE))
+    worker = WorkerObs(0, (0, 1), M, WorkerPhase.SERVING, True, 16, 2000)
+    obs = Observation(5.0, devices, (worker,), LayoutShape.colocated(1, 2), TrainerObs(False, 0, 4), in_flight=16)
+    eff = _rlboost(side_tp).on_event(DevicesAdded((2, 3)), obs)
+    starts = sorted(a.devices for a in eff.actions if isinstance(a, Start))
+    if side_tp is None:
+        assert starts == [] and all(d.chosen == str(LayoutShape.colocated(1, 2)) for d in eff.decisions)
+    else:
+        (d,) = eff.decisions
+        assert d.switch and d.chosen == str(side(1, 2, 2, 1)) and starts == [(2,), (3,)], d.reason

@@ -148,3 +148,26 @@ def test_pruned_tuning_tries_fewer_runs_and_finds_the_exhaustive_winner_on_a_sma
     assert len(full.trials) == len(candidates(cfg, "static-pd")) + 2
     assert len(pruned.trials) < len(full.trials)
     assert pruned.knobs == full.knobs and pruned.trials[0] == full.trials[0]  # the same short run wins
+
+
+@pytest.mark.parametrize("elastic", [True, False])
+def test_rlboost_gets_a_side_tp_tuned_where_elastic_devices_come(monkeypatch, elastic):
+    """PEARL places workers of a smaller tp on what a node has left; the tuned rlboost+ gets the same
+    knob (`policy.side_tp`), tried on its best layout and cap, where elastic devices come."""
+    from pearl.runtime import tuning
+
+    cfg = small(cluster=dict(hardware="h800", rollout_devices=8, train_devices=2)) if not elastic else \
+        small(cluster=dict(hardware="h800", rollout_devices=8, train_devices=2,
+                           elastic=dict(kind="poisson", arrival_rate_per_h=20, burst=dict(kind="constant", value=6),
+                                        lifetime_s=dict(kind="lognormal", median=300, p90=600), max_devices=12)))
+    score = lambda k: {1: 1.0, 2: 2.0, 4: 3.0, 8: 0.5}[k.tp] + {None: 0.0, 1: 0.1, 2: 0.3}[k.side_tp]  # noqa: E731
+    monkeypatch.setattr(tuning, "_trials", lambda cfg, base, cs, ex: sorted(
+        ((k.label(), score(k), (k, n)) for k, n in cs), key=lambda x: -x[1]))
+    monkeypatch.setattr(tuning, "tune_duration", lambda cfg: 300.0)
+    t = tune(cfg, "rlboost+", extra={"policy": {"name": "rlboost+"}}, jobs=1)
+    sides = {lab for lab, _ in t.trials if "side" in lab}
+    if elastic:
+        assert sides == {"tp4 side tp1 cap none", "tp4 side tp2 cap none"}
+        assert t.knobs.side_tp == 2 and t.cfg.policy.side_tp == 2 and t.cfg.policy.name == "rlboost+"
+    else:
+        assert not sides and t.cfg.policy.side_tp is None

@@ -35,7 +35,7 @@ from pearl.control.predictor import BatchState, Prediction, WorkloadStats, prepa
 from pearl.control.predictor_mix import predict_shapes
 from pearl.control.refit import ThroughputRefit
 from pearl.control.restart import plan_full_restart
-from pearl.control.selector import budgets, select, side_shapes
+from pearl.control.selector import budgets, fitting_models, select, side_shapes
 from pearl.control.switching import SwitchGate
 from pearl.errors import ResourceError
 from pearl.perf.roofline import PerfModel
@@ -289,8 +289,10 @@ class Controller(Lending):
         s = self.setting
         pd = self.adapt_pd and self.cfg.adapt_pd  # the `adapt_pd: false` ablation: colocated, tp still chosen
         groups = [(n, {tp: s.perf_for(tp) for tp in group}, None) for n, group in budgets(sizes, tps).items()]
-        if side := side_shapes(sizes, tps):  # a larger tp on whole groups beside a smaller one on the pieces
-            groups.append((0, {tp: s.perf_for(tp) for tp in tps}, side))
+        extra = [] if self.adapt_pd or not self.cfg.side_tp else [self.cfg.side_tp]  # a baseline's fixed side tp
+        models = fitting_models(s.perf_for, [*tps, *extra])  # a larger tp on whole groups, a smaller one on the rest:
+        if side := side_shapes(sizes, list(models), main=None if self.adapt_pd else tps):
+            groups.append((0, models, side))
 
         def at(b: BatchState, shapes=None, current=cur if _valid(cur) else None) -> dict[LayoutShape, Prediction]:
             out = {}

@@ -26,7 +26,7 @@ from pearl.errors import ResourceError
 from pearl.perf.roofline import PerfModel
 from pearl.types import LayoutShape, Mode, Role
 
-__all__ = ["Selection", "budgets", "candidates", "select", "side_shapes"]
+__all__ = ["Selection", "budgets", "candidates", "fitting_models", "select", "side_shapes"]
 
 
 @dataclass(frozen=True)
@@ -72,12 +72,13 @@ def budgets(node_sizes: Sequence[int], tps: Sequence[int]) -> dict[int, list[int
     return out
 
 
-def side_shapes(node_sizes: Sequence[int], tps: Sequence[int]) -> list[LayoutShape]:
+def side_shapes(node_sizes: Sequence[int], tps: Sequence[int], main: Sequence[int] | None = None) -> list[LayoutShape]:
     """Colocated layouts of two tps: for each pair of `tps`, workers of the larger on every group of
     its size a node holds, and workers of the smaller on what each node has left (nodes of 8, 8 and 6
-    with tps 8 and 2: two of tp 8 and three of tp 2), where both have a worker."""
+    with tps 8 and 2: two of tp 8 and three of tp 2), where both have a worker; with `main`, only
+    those whose larger tp is in it (a baseline's own tp beside its side tp)."""
     out = []
-    for big in sorted(set(tps)):
+    for big in sorted(set(tps) if main is None else set(main)):
         for small in (t for t in sorted(set(tps)) if t < big):
             n_big, n_small = sum(c // big for c in node_sizes), sum(c % big // small for c in node_sizes)
             if n_big and n_small:
@@ -132,7 +133,7 @@ def select(n_devices: int, perf_for_tp: Callable[[int], PerfModel] | Mapping[int
     worker models."""
     if tps is None:
         tps = sorted(perf_for_tp) if isinstance(perf_for_tp, Mapping) else (engine.tp,)
-    perfs = _fitting_models(perf_for_tp, tps)
+    perfs = fitting_models(perf_for_tp, tps)
     scored: dict[LayoutShape, Prediction] = {}
     reps = None
 
@@ -169,7 +170,7 @@ def select(n_devices: int, perf_for_tp: Callable[[int], PerfModel] | Mapping[int
     return _ranked(scored, current, transition_cost_s, n_devices, tps)
 
 
-def _fitting_models(perf_for_tp: Callable[[int], PerfModel] | Mapping[int, PerfModel],
+def fitting_models(perf_for_tp: Callable[[int], PerfModel] | Mapping[int, PerfModel],
                     tps: Sequence[int]) -> dict[int, PerfModel]:
     """tp -> worker model, for each tp in `tps` whose model exists and fits in memory."""
     perfs: dict[int, PerfModel] = {}

@@ -212,6 +212,9 @@ class TrainConfig(Frozen):
         if p.per_role_tp:
             raise ValueError("policy.per_role_tp: pearl train's CPU workers all run at tensor-parallel size 1 "
                              "(no prefill tp of their own)")
+        if p.side_tp is not None:
+            raise ValueError("policy.side_tp: a knob of the simulated rlboost+ baseline (pearl train runs 'pearl', "
+                             "which places side workers itself, or 'fixed')")
         if self.engine.kind == "vllm":
             _check_vllm(self)
         if self.ray_address is not None:

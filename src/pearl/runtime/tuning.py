@@ -1,7 +1,9 @@
 """Tune a baseline's knobs by short simulations, and define the `bound` configuration.
 
 A baseline gets every knob that is not PEARL's own contribution: the tensor-parallel size, the cap on
-trajectories in flight (`rl.max_concurrent_trajectories`) and, for `static-pd`, the P:D ratio. (The
+trajectories in flight (`rl.max_concurrent_trajectories`), for `static-pd` the P:D ratio and, for
+`rlboost+` where elastic devices come, a smaller tp for the devices of a node its tp cannot use
+(`policy.side_tp`: PEARL places such side workers by its own choice), tried on the best layout and cap. (The
 simulator has one router, session-affine power-of-two-choices, shared by every policy: there is no
 router knob to tune.) When the scenario lets PEARL give prefill workers a tp of their own
 (`policy.per_role_tp`), `static-pd` and `bound` get that knob too: every (prefill tp, decode tp)
@@ -27,7 +29,7 @@ from __future__ import annotations
 
 import math
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
 from pearl.config import ScenarioConfig, deep_merge, parse_config
@@ -57,16 +59,18 @@ class Knobs:
     prefill: int = 0
     decode: int = 0
     prefill_tp: int | None = None
+    side_tp: int | None = None  # rlboost+: workers of this tp on what a node has left (`policy.side_tp`)
 
     def label(self) -> str:
         ptp = f"@tp{self.prefill_tp}" if self.prefill_tp is not None else ""
         pd = f" {self.prefill}P{ptp}:{self.decode}D" if self.prefill else ""
-        return f"tp{self.tp}{pd} cap {self.cap if self.cap is not None else 'none'}"
+        side = f" side tp{self.side_tp}" if self.side_tp is not None else ""
+        return f"tp{self.tp}{pd}{side} cap {self.cap if self.cap is not None else 'none'}"
 
     def overrides(self, devices: int | None = None) -> dict[str, Any]:
         lay = ({"mode": "disaggregated", "prefill": self.prefill, "decode": self.decode, "prefill_tp": self.prefill_tp}
                if self.prefill else {"mode": "colocated", "prefill": 0, "decode": 0, "prefill_tp": None})
-        out: dict[str, Any] = {"engine": {"tp": self.tp}, "layout": lay,
+        out: dict[str, Any] = {"engine": {"tp": self.tp}, "layout": lay, "policy": {"side_tp": self.side_tp},
                                "rl": {"max_concurrent_trajectories": self.cap}}
         if devices is not None:
             out["cluster"] = {"rollout_devices": devices}
@@ -273,6 +277,10 @@ def tune(cfg: ScenarioConfig, policy: str, *, devices: int | None = None, extra:
         k0, n0 = got[0][2]
         caps = [(Knobs(k0.tp, c, k0.prefill, k0.decode, k0.prefill_tp), n0) for c in _caps(cfg) if c is not None]
         got = sorted(got + _trials(cfg, base, caps, ex), key=lambda x: -x[1])  # the caps on the best layout
+        k1, n1 = got[0][2]
+        if policy == "rlboost+" and cfg.cluster.elastic.kind != "none":  # its side tp, on the best
+            sides = [(replace(k1, side_tp=t), n1) for t in valid_tps(cfg) if t < k1.tp and k1.tp % t == 0]
+            got = sorted(got + _trials(cfg, base, sides, ex), key=lambda x: -x[1])
     finally:
         if own:
             ex.shutdown()
