@@ -56,10 +56,12 @@ def test_the_observed_shape_of_colocated_workers_of_two_sizes_is_a_side_shape():
 
 
 def test_a_fragmented_budget_offers_a_wide_tp_on_whole_nodes_and_a_narrow_one_on_the_rest():
-    got = set(side_shapes([8, 8, 6], [1, 2, 4, 8]))
-    assert side(2, 8, 1, 4) in got and side(2, 8, 3, 2) in got and side(2, 8, 6, 1) in got
-    assert side(5, 4, 1, 2) in got and side(5, 4, 2, 1) in got
-    assert all(s.fits([8, 8, 6]) for s in got)
+    # Beside tp 8 on the node of six: tp 4 (the largest that fits) and tp 2 (the largest that leaves
+    # none of the six idle); beside tp 4 on its two left: tp 2.
+    assert set(side_shapes([8, 8, 6], [1, 2, 4, 8])) == {side(2, 8, 1, 4), side(2, 8, 3, 2), side(5, 4, 1, 2)}
+    assert set(side_shapes([8, 8, 5], [1, 2, 4, 8])) == {side(2, 8, 1, 4), side(2, 8, 5, 1), side(5, 4, 1, 1),
+                                                         side(10, 2, 1, 1)}
+    assert all(s.fits([8, 8, 5]) for s in side_shapes([8, 8, 5], [1, 2, 4, 8]))
     assert side_shapes([8, 8], [2, 4, 8]) == []  # whole nodes: nothing left over
     assert side_shapes([8, 6], [8]) == []  # one tp: nothing to put beside it
 

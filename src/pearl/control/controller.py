@@ -100,7 +100,7 @@ class Controller(Lending):
         self._trial: tuple[LayoutShape, LayoutShape] | None = None  # (the shape left, the shape explored)
         self.lent: list[int] = []
         self._return_wait = 0.0
-        self._preds: dict[LayoutShape, Prediction] = {}
+        self._preds, self._shares = {}, {}  # predictions per shape; a side shape's last split (a search hint)
         self._scored: dict[int, dict] = {}  # per batch size, the selector's predictions for this estimate
         self._max_active = 0.0
         self._mark: tuple | None = None  # (t, shape, tokens, changes, full, active integral) at the last tick
@@ -215,7 +215,7 @@ class Controller(Lending):
         if new:
             k, s = self.k, self.setting
             got = predict_shapes(new, s.perf_for, s.engine, self.workload.stats, self.batch, s.devices_per_node,
-                                 reps=self.reps, tol=k.predict_tol, grid_points=k.predict_grid_points)
+                                 reps=self.reps, tol=k.predict_tol, grid_points=k.predict_grid_points, shares=self._shares)
             self._preds.update(zip(new, got))
         return [self._preds[s] for s in shapes]
 
@@ -305,7 +305,7 @@ class Controller(Lending):
                     out.update((x[0], x[1]) for x in select(
                         n, perfs, s.engine, self.workload.stats, b, current=current, shapes=only,
                         devices_per_node=s.devices_per_node, per_role=self.cfg.per_role_tp,
-                        memo=self._scored.setdefault(b.size, {})).ranked)
+                        memo=self._scored.setdefault(b.size, {}), shares=self._shares).ranked)
             return out
         raw = at(self.batch)
         if self.admission is not None and self.admission.cap is not None:  # thrashing: the best few, and the

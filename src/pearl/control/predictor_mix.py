@@ -36,7 +36,8 @@ from pearl.control.predictor_end import _expected_max, _same_node_share
 from pearl.perf.roofline import PerfModel
 from pearl.types import LayoutShape, Role
 
-_GRID = np.linspace(0.04, 0.96, 24)  # the shares α priced at once (then refined around the pick)
+_GRID = np.linspace(0.04, 0.96, 12)  # the shares α priced at once (then refined around the pick, _FINE of them)
+_FINE, _STEP = 7, float(_GRID[1] - _GRID[0])
 
 
 @dataclass(frozen=True)
@@ -78,10 +79,11 @@ def _combined(reps: BatchReps, shares: Sequence[float]) -> BatchReps:
 def predict_two_kinds(parts: Sequence[KindPart], engine: EngineConfig, stats: WorkloadStats, batch: BatchState,
                       prefill: tuple[int, PerfModel] | None = None, share: str | float = "router",
                       devices_per_node: int = 8, reps: BatchReps | None = None, tol: float = 1e-3,
-                      grid_points: int = 48) -> Prediction:
+                      grid_points: int = 48, near: float | None = None) -> Prediction:
     """The batch's completion with its decode-capable workers in two `parts` (mixed workers, or with
     `prefill` = (workers, model), decode workers behind those prefill workers); see the module
-    docstring for `share`. `breakdown["share"]` is the α used."""
+    docstring for `share`. `breakdown["share"]` is the α used. `near`: with `share="best"`, where the
+    best share was last time (it moves little between calls): searched around first."""
     if len(parts) != 2 or min(p.workers for p in parts) < 1:
         raise ValueError("predict_two_kinds needs two parts with at least one worker each")
     if any(t.spec is not None for t in batch.trajectories):
@@ -105,13 +107,21 @@ def predict_two_kinds(parts: Sequence[KindPart], engine: EngineConfig, stats: Wo
                                        np.hstack([sig[2 * i], sig[2 * i + 1]])[None],
                                        _combined(reps, (a, 1.0 - a)), grid_points)[0] for i, a in enumerate(alphas)])
 
+    r = None
     if share == "best":
-        grid = _GRID
-        comp = ends(grid, solve(grid))
-        i = int(np.argmin(comp))
-        fine = np.linspace(grid[max(i - 1, 0)], grid[min(i + 1, len(grid) - 1)], 9)
-        fc = ends(fine, solve(fine))
-        alpha = float(fine[int(np.argmin(fc))])
+        k = -1
+        if near is not None:  # around the last pick first: kept if the best share is inside the window
+            fine = np.linspace(max(0.02, near - 2 * _STEP), min(0.98, near + 2 * _STEP), _FINE)
+            rf = solve(fine)
+            k = int(np.argmin(ends(fine, rf)))
+        if not 0 < k < _FINE - 1:
+            grid = _GRID
+            comp = ends(grid, solve(grid))
+            i = int(np.argmin(comp))
+            fine = np.linspace(grid[max(i - 1, 0)], grid[min(i + 1, len(grid) - 1)], _FINE)
+            rf = solve(fine)
+            k = int(np.argmin(ends(fine, rf)))
+        alpha, r = float(fine[k]), _pair(rf, k)  # (the pick's rows: no third solve)
     elif share == "router":
         alpha = router_share(parts, _held_tokens(reps, solve(np.array([0.5]))))
     else:
@@ -119,7 +129,7 @@ def predict_two_kinds(parts: Sequence[KindPart], engine: EngineConfig, stats: Wo
         if not 0.0 < alpha < 1.0:
             raise ValueError(f"share must be in (0, 1), 'best' or 'router' (got {share!r})")
     a = np.array([alpha])
-    r = solve(a)
+    r = solve(a) if r is None else r
     comp = float(ends(a, r)[0])
     i, j = np.unravel_index(int(np.argmin(np.abs(r["T"] - comp))), r["T"].shape)  # the critical trajectory
     terms = _critical_path(reps, r, int(i), int(j))
@@ -138,14 +148,15 @@ def predict_two_kinds(parts: Sequence[KindPart], engine: EngineConfig, stats: Wo
 
 def predict_shapes(shapes: Sequence[LayoutShape], perf_of: Callable[[int], PerfModel], engine: EngineConfig,
                    stats: WorkloadStats, batch: BatchState, devices_per_node: int = 8, reps: BatchReps | None = None,
-                   tol: float = 1e-2, grid_points: int = 48,
-                   prefill_of: Callable[[int], PerfModel] | None = None) -> list[Prediction]:
+                   tol: float = 1e-2, grid_points: int = 48, prefill_of: Callable[[int], PerfModel] | None = None,
+                   shares: dict[LayoutShape, float] | None = None) -> list[Prediction]:
     """Predictions for layout shapes of every kind, in order: shapes of one tp or a prefill tp of their
     own at once (`predict_many`; `prefill_of(tp)` the prefill workers' model, default `perf_of`'s at
     that tp), a colocated shape with side workers (`LayoutShape.tp_side`) as two parts with the split
     of the batch that ends it first (`predict_two_kinds(share="best")`): in a pipeline the router
     sends each new session to the least loaded worker, which balances the parts (measured in
-    docs/results.md: within 7% of the simulated batch period on 22 devices, staleness 1)."""
+    docs/results.md: within 7% of the simulated batch period on 22 devices, staleness 1). `shares`:
+    each side shape's last split, searched around first and updated (a caller's running hint)."""
     out: list[Prediction | None] = [None] * len(shapes)
     one = [i for i, s in enumerate(shapes) if not s.n_side]
     if one:
@@ -158,9 +169,19 @@ def predict_shapes(shapes: Sequence[LayoutShape], perf_of: Callable[[int], PerfM
     for i, s in enumerate(shapes):
         if s.n_side:
             parts = [KindPart(s.n_mixed, perf_of(s.tp)), KindPart(s.n_side, perf_of(s.tp_side))]
-            out[i] = predict_two_kinds(parts, engine, stats, batch, share="best", devices_per_node=devices_per_node,
-                                       reps=reps, tol=tol, grid_points=grid_points)
+            out[i] = p = predict_two_kinds(parts, engine, stats, batch, share="best", devices_per_node=devices_per_node,
+                                           reps=reps, tol=tol, grid_points=grid_points,
+                                           near=None if shares is None else shares.get(s))
+            if shares is not None:
+                shares[s] = p.breakdown["share"]
     return out  # type: ignore[return-value]
+
+
+def _pair(r: dict, k: int) -> dict:
+    """The two rows (one per part) of share `k` of a solve over several shares."""
+    n = len(r["T"])
+    return {key: (v[2 * k:2 * k + 2] if isinstance(v, np.ndarray) and v.ndim and len(v) == n else v)
+            for key, v in r.items()}
 
 
 def _pair_share(part: KindPart, n_p: int, devices_per_node: int) -> float:

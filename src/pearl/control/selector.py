@@ -73,16 +73,21 @@ def budgets(node_sizes: Sequence[int], tps: Sequence[int]) -> dict[int, list[int
 
 
 def side_shapes(node_sizes: Sequence[int], tps: Sequence[int], main: Sequence[int] | None = None) -> list[LayoutShape]:
-    """Colocated layouts of two tps: for each pair of `tps`, workers of the larger on every group of
-    its size a node holds, and workers of the smaller on what each node has left (nodes of 8, 8 and 6
-    with tps 8 and 2: two of tp 8 and three of tp 2), where both have a worker; with `main`, only
-    those whose larger tp is in it (a baseline's own tp beside its side tp)."""
+    """Colocated layouts of two tps: workers of a larger tp on every group of its size a node holds,
+    and workers of a smaller one on what each node has left (nodes of 8, 8 and 6 with tps 8 and 2: two
+    of tp 8 and three of tp 2). For each larger tp (with `main`, those in it: a baseline's own tp), two
+    smaller ones at most: the largest that fits the largest piece left, and the largest that divides
+    every piece (none of it idle)."""
     out = []
     for big in sorted(set(tps) if main is None else set(main)):
-        for small in (t for t in sorted(set(tps)) if t < big):
-            n_big, n_small = sum(c // big for c in node_sizes), sum(c % big // small for c in node_sizes)
-            if n_big and n_small:
-                out.append(LayoutShape(Mode.COLOCATED, n_mixed=n_big, tp=big, n_side=n_small, tp_side=small))
+        rest = [c % big for c in node_sizes if c % big]
+        small = [t for t in sorted(set(tps)) if t < big]
+        picks = {max((t for t in small if t <= max(rest, default=0)), default=None),
+                 max((t for t in small if all(r % t == 0 for r in rest)), default=None)} - {None}
+        n_big = sum(c // big for c in node_sizes)
+        for t in sorted(picks, reverse=True):
+            if n_big and (n_small := sum(r // t for r in rest)):
+                out.append(LayoutShape(Mode.COLOCATED, n_mixed=n_big, tp=big, n_side=n_small, tp_side=t))
     return out
 
 
@@ -120,17 +125,18 @@ def select(n_devices: int, perf_for_tp: Callable[[int], PerfModel] | Mapping[int
            tps: Sequence[int] | None = None, shapes: Sequence[LayoutShape] | None = None,
            devices_per_node: int = 8, max_reps: int = 32, max_events: int | None = 8,
            exhaustive: int = 48, coarse_points: int = 6, refine_points: int = 16, margin: float = 0.03,
-           tol: float = 1e-2, per_role: bool = False, memo: dict | None = None) -> Selection:
+           tol: float = 1e-2, per_role: bool = False, memo: dict | None = None,
+           shares: dict[LayoutShape, float] | None = None) -> Selection:
     """Rank layout shapes for `n_devices` by predicted completion of `batch` + transition cost.
 
     `perf_for_tp(tp)` gives the worker model at that tp (a mapping's keys are the allowed tps; a tp
-    whose model does not fit in memory is skipped). `shapes` restricts the choice to those shapes (of any kind: colocated side workers too, each priced
-    with the models of its tps);
-    otherwise a tp (with `per_role`, a (prefill tp, decode tp) pair) with at most `exhaustive` ratios
+    whose model does not fit in memory is skipped). `shapes` restricts the choice to those shapes (of
+    any kind: side workers too, priced with the models of their tps); otherwise a tp (with
+    `per_role`, a (prefill tp, decode tp) pair) with at most `exhaustive` ratios
     is searched exhaustively, a larger one coarse-to-fine (only grids within `margin` of the best are
     refined). The current layout costs nothing to keep. `memo`: predictions of earlier calls for the
     same workload statistics and batch (the caller clears it when either changes), reused by shape and
-    worker models."""
+    worker models. `shares`: side shapes' last splits (`predictor_mix.predict_shapes`)."""
     if tps is None:
         tps = sorted(perf_for_tp) if isinstance(perf_for_tp, Mapping) else (engine.tp,)
     perfs = fitting_models(perf_for_tp, tps)
@@ -153,7 +159,7 @@ def select(n_devices: int, perf_for_tp: Callable[[int], PerfModel] | Mapping[int
         if new:
             for s, p in zip(new, predict_shapes(new, perfs.__getitem__, engine, stats, batch, devices_per_node,
                                                 reps=prepared(), tol=tol, grid_points=48,
-                                                prefill_of=perfs.__getitem__)):
+                                                prefill_of=perfs.__getitem__, shares=shares)):
                 scored[s] = p
                 if memo is not None:
                     memo[key[s]] = p
