@@ -154,8 +154,8 @@ def predict_shapes(shapes: Sequence[LayoutShape], perf_of: Callable[[int], PerfM
     own at once (`predict_many`; `prefill_of(tp)` the prefill workers' model, default `perf_of`'s at
     that tp), a colocated shape with side workers (`LayoutShape.tp_side`) as two parts with the split
     of the batch that ends it first (`predict_two_kinds(share="best")`): in a pipeline the router
-    sends each new session to the least loaded worker, which balances the parts (measured in
-    docs/results.md: within 7% of the simulated batch period on 22 devices, staleness 1). `shares`:
+    sends each new session to the least loaded worker, which balances the parts (`benchmarks/side_workers.py`:
+    as close to the simulated batch period as for one-tp layouts, docs/results.md). `shares`:
     each side shape's last split, searched around first and updated (a caller's running hint)."""
     out: list[Prediction | None] = [None] * len(shapes)
     one = [i for i, s in enumerate(shapes) if not s.n_side]
