@@ -109,19 +109,7 @@ def predict_two_kinds(parts: Sequence[KindPart], engine: EngineConfig, stats: Wo
 
     r = None
     if share == "best":
-        k = -1
-        if near is not None:  # around the last pick first: kept if the best share is inside the window
-            fine = np.linspace(max(0.02, near - 2 * _STEP), min(0.98, near + 2 * _STEP), _FINE)
-            rf = solve(fine)
-            k = int(np.argmin(ends(fine, rf)))
-        if not 0 < k < _FINE - 1:
-            grid = _GRID
-            comp = ends(grid, solve(grid))
-            i = int(np.argmin(comp))
-            fine = np.linspace(grid[max(i - 1, 0)], grid[min(i + 1, len(grid) - 1)], _FINE)
-            rf = solve(fine)
-            k = int(np.argmin(ends(fine, rf)))
-        alpha, r = float(fine[k]), _pair(rf, k)  # (the pick's rows: no third solve)
+        alpha, r = _best_share(solve, ends, near)
     elif share == "router":
         alpha = router_share(parts, _held_tokens(reps, solve(np.array([0.5]))))
     else:
@@ -175,6 +163,23 @@ def predict_shapes(shapes: Sequence[LayoutShape], perf_of: Callable[[int], PerfM
             if shares is not None:
                 shares[s] = p.breakdown["share"]
     return out  # type: ignore[return-value]
+
+
+def _best_share(solve, ends, near: float | None) -> tuple[float, dict]:
+    """The share that ends the batch first, and its solve's rows: around `near` first (kept if the
+    best is inside that window), else a grid over (0, 1) refined around its pick."""
+    k = -1
+    if near is not None:
+        fine = np.linspace(max(0.02, near - 2 * _STEP), min(0.98, near + 2 * _STEP), _FINE)
+        rf = solve(fine)
+        k = int(np.argmin(ends(fine, rf)))
+    if not 0 < k < _FINE - 1:
+        comp = ends(_GRID, solve(_GRID))
+        i = int(np.argmin(comp))
+        fine = np.linspace(_GRID[max(i - 1, 0)], _GRID[min(i + 1, len(_GRID) - 1)], _FINE)
+        rf = solve(fine)
+        k = int(np.argmin(ends(fine, rf)))
+    return float(fine[k]), _pair(rf, k)  # (the pick's rows: no third solve)
 
 
 def _pair(r: dict, k: int) -> dict:
