@@ -135,10 +135,16 @@ class LayoutShape:
 
     @property
     def n_devices(self) -> int:
-        return sum(tp * len(roles) for tp, roles in self.tp_groups())
+        return sum(tp * k for tp, k in self._sizes())
 
     def count(self, role: Role) -> int:
         return {Role.MIXED: self.n_mixed + self.n_side, Role.PREFILL: self.n_prefill, Role.DECODE: self.n_decode}[role]
+
+    def _sizes(self) -> list[tuple[int, int]]:
+        """(tp, workers of that tp) for each kind of worker slot (without building `tp_groups`' lists:
+        a budget of a thousand devices ranks thousands of shapes)."""
+        return [(tp, k) for tp, k in ((self.tp_of(Role.PREFILL), self.n_prefill), (self.tp, self.n_decode + self.n_mixed),
+                                      (self.tp_side or 0, self.n_side)) if k]
 
     def tp_groups(self) -> list[tuple[int, list[Role]]]:
         """The worker slots by tp, the larger tp first (one group when every worker has one tp)."""
@@ -155,7 +161,7 @@ class LayoutShape:
         """Whether every worker's tp devices can sit on one node, given how many devices each node
         offers (the widest workers placed first: exact when each tp divides the larger ones)."""
         room = list(node_sizes)
-        for tp, k in sorted(((tp, len(roles)) for tp, roles in self.tp_groups()), reverse=True):
+        for tp, k in sorted(self._sizes(), reverse=True):
             for i, c in enumerate(room):
                 took = min(k, c // tp)
                 room[i], k = c - took * tp, k - took

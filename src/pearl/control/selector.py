@@ -177,7 +177,7 @@ def select(n_devices: int, perf_for_tp: Callable[[int], PerfModel] | Mapping[int
 
 
 def fitting_models(perf_for_tp: Callable[[int], PerfModel] | Mapping[int, PerfModel],
-                    tps: Sequence[int]) -> dict[int, PerfModel]:
+                   tps: Sequence[int]) -> dict[int, PerfModel]:
     """tp -> worker model, for each tp in `tps` whose model exists and fits in memory."""
     perfs: dict[int, PerfModel] = {}
     for tp in tps:
