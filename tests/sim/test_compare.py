@@ -57,8 +57,38 @@ def test_timeline_accounts_for_every_device_second_and_the_budget_adds_up():
     assert "training" in {lab for *_, lab in ro["intervals"]}
     total = sum(b - a for _, a, b, _ in ro["intervals"])
     assert total == pytest.approx(sum(res["device_s"].values()), rel=1e-3)
-    budget = bound_budget(cfg, [res])
+    budget = bound_budget(cfg, [res])[1]
     assert cfg.cluster.rollout_devices <= budget <= cfg.cluster.rollout_devices + cfg.cluster.train_devices + 4
+
+
+def test_the_bound_budget_at_a_tp_counts_only_the_devices_its_whole_workers_can_use():
+    # spot bursts of 2 devices, each on a node of its own; the 4 rollout devices share one node
+    cfg = small(policy=dict(name="rlboost+"))
+    res = simulate(cfg)
+    b = bound_budget(cfg, [res])
+    elastic = res["device_s"]["elastic"] / res["virtual_s"]
+    assert elastic > 0.5
+    assert b[2] == pytest.approx(b[1])  # tp 2 can use every piece
+    assert b[4] == pytest.approx(b[1] - elastic)  # tp 4 none of them
+    assert b[8] == pytest.approx(b[1] - elastic - 4)  # tp 8 not even the rollout node of 4
+    cands = bound_candidates(cfg, b)
+    assert {n for k, n in cands if k.tp == 4} == {4, 8} and {n for k, n in cands if k.tp == 8} == {8}
+
+
+def test_usable_device_seconds_rounds_each_node_down_to_whole_workers_at_each_moment():
+    from types import SimpleNamespace as NS
+
+    from pearl.runtime.results import usable_device_seconds
+    from pearl.types import Pool
+    devs = [NS(id=i, pool=Pool.ROLLOUT, node=0) for i in range(6)]  # 6 devices for the whole 10 s
+    devs += [NS(id=6 + i, pool=Pool.ELASTIC, node=1) for i in range(4)]  # 3 from 2 s to 6 s, a 4th from 4 s on
+    devs += [NS(id=10, pool=Pool.TRAIN, node=2)]  # the trainer's: never counted
+    times = {**{6 + i: [2.0, 6.0] for i in range(3)}, 9: [4.0, None]}
+    sim = NS(clock=NS(now=10.0), state=NS(devices={d.id: d for d in devs}), device_time=times)
+    assert usable_device_seconds(sim, 1) == pytest.approx(60 + 3 * 4 + 6)
+    assert usable_device_seconds(sim, 2) == pytest.approx(60 + 2 * 2 + 4 * 2)
+    assert usable_device_seconds(sim, 4) == pytest.approx(40 + 4 * 2)
+    assert usable_device_seconds(sim, 8) == 0
 
 
 def fake_row(name: str, thr: list[float]) -> Row:

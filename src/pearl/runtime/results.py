@@ -20,6 +20,25 @@ def device_seconds(sim: Any) -> dict[str, float]:
     return out
 
 
+def usable_device_seconds(sim: Any, tp: int) -> float:
+    """Rollout and elastic device-seconds that whole workers of tensor-parallel size `tp` could use: on
+    each node, at each moment, its devices present rounded down to a multiple of `tp` (a worker sits on
+    one node). At tp 1 it is the two pools' `device_seconds`."""
+    T = sim.clock.now
+    edges: dict[int, list[tuple[float, int]]] = {}
+    for d in sim.state.devices.values():
+        if d.pool is not Pool.TRAIN:
+            a, b = sim.device_time.get(d.id, (0.0, None))
+            edges.setdefault(d.node, []).extend([(a, 1), (b if b is not None else T, -1)])
+    total = 0.0
+    for ev in edges.values():
+        n, last = 0, 0.0
+        for t, step in sorted(ev):
+            total += n // tp * tp * (t - last)
+            n, last = n + step, t
+    return total
+
+
 def decode_worker_seconds(sim: Any) -> float:
     T = sim.clock.now
     return sum(((e.stopped_t if e.stopped_t is not None else T) - e.started_t)

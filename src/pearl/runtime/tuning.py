@@ -17,9 +17,12 @@ best tps, stage 3 the caps on the best layout. `prune=False`: every candidate, t
 `benchmarks/tuning_pruning.py` measures what pruning loses).
 
 `bound` (docs/policies.md): the best static configuration for the time-averaged device budget
-with free switching. The budget is the rollout devices, plus the elastic devices present on average,
-plus the trainer's devices times the share of time the trainer is idle (all measured in PEARL's run
-of the same scenario and seeds). Workers come whole, so at a tp the budget lies between two
+with free switching. The budget at a tp is the rollout and elastic devices whole workers of that tp
+could use on average (on each node, its devices present rounded down to a multiple of the tp: spot
+capacity in pieces of 6 gives tp 8 nothing), plus the trainer's devices times the share of time the
+trainer is idle (all measured in PEARL's run of the same scenario and seeds). The bound has no side
+workers (`policy.side_tp`): where PEARL or `rlboost+` place them, it may bound less than it says.
+Workers come whole, so at a tp the budget lies between two
 clusters of whole workers (`bound_split`); with free switching the bound time-shares them so that
 the average is the budget, and its throughput is the share-weighted mean of theirs. Each side has
 no spot pool and no borrowing (the trainer keeps its own devices: generous) and the best layout of
@@ -140,7 +143,7 @@ def simulate(cfg: ScenarioConfig, timeline: bool = False) -> dict[str, Any]:
     """One simulation's result (`pearl.runtime.results.collect`) without the per-decision records,
     plus `device_s` (available device-seconds per pool) and, with `timeline`, `roles`
     (`pearl.runtime.timeline.device_roles`)."""
-    from pearl.runtime.results import device_seconds
+    from pearl.runtime.results import device_seconds, usable_device_seconds
     from pearl.runtime.sim import Simulator
     from pearl.runtime.timeline import device_roles
 
@@ -148,6 +151,7 @@ def simulate(cfg: ScenarioConfig, timeline: bool = False) -> dict[str, Any]:
     res = sim.run()
     res.pop("decisions", None)
     res["device_s"] = device_seconds(sim)
+    res["usable_s"] = {tp: usable_device_seconds(sim, tp) for tp in valid_tps(cfg)}
     if timeline:
         res["roles"] = device_roles(sim)
     return res
@@ -189,10 +193,17 @@ class Tuned:
     trials: list[tuple[str, float]]  # (knobs label, trajectories/s of the short run), best first
 
 
-def bound_candidates(cfg: ScenarioConfig, budget: float) -> list[tuple[Knobs, int]]:
+Budget = float | dict[int, float]  # devices, the same for every tp or per tp (`bound_budget`)
+
+
+def _at(budget: Budget, tp: int) -> float:
+    return budget[tp] if isinstance(budget, dict) else budget
+
+
+def bound_candidates(cfg: ScenarioConfig, budget: Budget) -> list[tuple[Knobs, int]]:
     """Every static layout the bound time-shares (module docstring): at each tp, the whole workers
-    just below and just above the budget (`bound_split`), colocated or any P:D ratio."""
-    return [(k, n) for tp in valid_tps(cfg) for n in bound_split(budget, tp)[:2] if n >= tp
+    just below and just above that tp's budget (`bound_split`), colocated or any P:D ratio."""
+    return [(k, n) for tp in valid_tps(cfg) for n in bound_split(_at(budget, tp), tp)[:2] if n >= tp
             for k in candidates(cfg, "bound", n) if k.tp == tp]
 
 
@@ -204,9 +215,9 @@ def _best_sides(got: list[tuple[str, float, tuple[Knobs, int | None]]]) -> dict[
     return best
 
 
-def _share_score(best: dict[tuple[int, int | None], tuple], budget: float, tp: int) -> float:
+def _share_score(best: dict[tuple[int, int | None], tuple], budget: Budget, tp: int) -> float:
     """The time-share's throughput at `tp` (`bound_split`), 0 for a side with no trial."""
-    lo, hi, share = bound_split(budget, tp)
+    lo, hi, share = bound_split(_at(budget, tp), tp)
     thr = lambda n: best[(tp, n)][1] if (tp, n) in best else 0.0  # noqa: E731
     return (1 - share) * thr(lo) + share * thr(hi)
 
@@ -222,7 +233,7 @@ def bound_split(budget: float, tp: int) -> tuple[int, int, float]:
 @dataclass
 class Bound:
     """The bound: `sides`, each (scenario, share of time) with a positive share, at one tp, for the
-    device `budget`; `trials`: (label, trajectories/s) of every short run tried, best first."""
+    device `budget` at that tp; `trials`: (label, trajectories/s) of every short run tried, best first."""
     tp: int
     sides: list[tuple[ScenarioConfig, float]]
     label: str
@@ -230,7 +241,7 @@ class Bound:
     trials: list[tuple[str, float]] = field(default_factory=list)
 
 
-def tune_bound(cfg: ScenarioConfig, budget: float, pool: ProcessPoolExecutor | None = None,
+def tune_bound(cfg: ScenarioConfig, budget: Budget, pool: ProcessPoolExecutor | None = None,
                prune: bool = True) -> Bound:
     """The best time-share (`bound_split`) over tp, each side's layout and cap tuned like a baseline
     (`search`; its tps ranked by their time-share)."""
@@ -243,7 +254,7 @@ def tune_bound(cfg: ScenarioConfig, budget: float, pool: ProcessPoolExecutor | N
                  lambda g: sorted(tps, key=lambda tp: -_share_score(_best_sides(g), budget, tp)))
     best = _best_sides(got)
     tp = max(tps, key=lambda tp: _share_score(best, budget, tp))
-    lo, hi, share = bound_split(budget, tp)
+    lo, hi, share = bound_split(_at(budget, tp), tp)
     sides, labels = [], []
     for n, w in ((lo, 1 - share), (hi, share)):
         if w <= 0 or (tp, n) not in best:  # no time there, or below one worker (nothing runs)
@@ -255,7 +266,7 @@ def tune_bound(cfg: ScenarioConfig, budget: float, pool: ProcessPoolExecutor | N
         k, _ = sorted([best[(tp, n)]] + capped, key=lambda x: -x[1])[0][2]
         sides.append((configure(cfg, deep_merge(extra, k.overrides(n))), w))
         labels.append(f"{w:.0%} of the time {n} devices {k.label()}")
-    return Bound(tp, sides, " + ".join(labels), budget, [(lab, thr) for lab, thr, _ in sorted(got, key=lambda x: -x[1])])
+    return Bound(tp, sides, " + ".join(labels), _at(budget, tp), [(lab, thr) for lab, thr, _ in sorted(got, key=lambda x: -x[1])])
 
 
 def tune(cfg: ScenarioConfig, policy: str, *, devices: int | None = None, extra: dict | None = None,
@@ -331,13 +342,17 @@ def _trials(cfg: ScenarioConfig, base: dict, cands: list[tuple[Knobs, int | None
     return sorted(((lab, thr, by_label[lab]) for lab, thr in got), key=lambda x: -x[1])
 
 
-def bound_budget(cfg: ScenarioConfig, results: list[dict[str, Any]]) -> float:
-    """The time-averaged device budget PEARL had (module docstring), averaged over its runs."""
-    vals = []
+def bound_budget(cfg: ScenarioConfig, results: list[dict[str, Any]]) -> dict[int, float]:
+    """The time-averaged device budget PEARL had at each valid tp (module docstring), averaged over its
+    runs: the rollout and elastic devices whole workers of that tp could use (`usable_s`; a run
+    without it counts every device), plus the trainer's devices times its idle share."""
+    tps = valid_tps(cfg)
+    vals: dict[int, list[float]] = {tp: [] for tp in tps}
     for r in results:
         T = max(r["virtual_s"], 1e-9)
-        elastic = r.get("device_s", {}).get("elastic", 0.0) / T
-        train_busy = sum(s["train_s"] for s in r["per_step"]) / T
-        idle = max(0.0, 1.0 - train_busy)
-        vals.append(cfg.cluster.rollout_devices + elastic + cfg.cluster.train_devices * idle)
-    return sum(vals) / len(vals) if vals else float(cfg.cluster.rollout_devices)
+        pools = cfg.cluster.rollout_devices + r.get("device_s", {}).get("elastic", 0.0) / T
+        idle = max(0.0, 1.0 - sum(s["train_s"] for s in r["per_step"]) / T)
+        for tp in tps:
+            usable = r.get("usable_s", {}).get(tp)
+            vals[tp].append((pools if usable is None else usable / T) + cfg.cluster.train_devices * idle)
+    return {tp: (sum(v) / len(v) if v else float(cfg.cluster.rollout_devices)) for tp, v in vals.items()}
