@@ -51,7 +51,7 @@ def run(workers: int) -> float:
 if __name__ == "__main__":
     inline = run(0)
     pool = run(8)
-    print(f"3 steps x 2 x 16 trajectories, 4 turns of a 0.1 s environment each")
+    print("3 steps x 2 x 16 trajectories, 4 turns of a 0.1 s environment each")
     print(f"inline (env.workers 0): {inline:6.1f} s")
     print(f"pool   (env.workers 8): {pool:6.1f} s")
     print(f"speed-up of the pool: {inline / pool:.2f}x")

@@ -12,7 +12,7 @@ from pearl.control.controller import ControlSetting, Controller
 from pearl.control.estimate import LifetimeEstimator, WorkloadEstimator, prior_stats
 from pearl.control.observation import DeviceObs, Observation, TrainerObs, WorkerObs
 from pearl.runtime.sim import Simulator
-from pearl.types import DeviceStatus, LayoutShape, Pool, Role, WorkerPhase
+from pearl.types import DeviceStatus, LayoutShape, Pool, WorkerPhase
 from pearl.workloads import Workload
 
 

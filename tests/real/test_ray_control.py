@@ -190,6 +190,16 @@ def test_ray_the_only_actor_killed_while_it_holds_the_lent_core_loses_nothing(lo
     books_balance(s)
 
 
+def test_the_local_instance_runs_its_workers_at_the_drivers_priority(local_ray):
+    # Ray nices its workers (15) by default; these are the rollout engines, and niced they starve
+    # beside the driver's trainer thread whenever both want the cores
+    @ray.remote(num_cpus=0)
+    def niceness():
+        return os.nice(0)
+
+    assert ray.get(niceness.remote()) == os.nice(0)
+
+
 def test_ray_engine_process_killed_mid_run_completes(local_ray, tmp_path):
     killed = []
     with killer(tmp_path, 1, random.Random(0).choice, killed):

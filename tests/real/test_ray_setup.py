@@ -16,9 +16,8 @@ import time
 from pathlib import Path
 
 import pytest
-from rich.console import Console
 
-from pearl.errors import PearlError, ResourceError
+from pearl.errors import PearlError
 
 pytest.importorskip("transformers")
 ray = pytest.importorskip("ray")

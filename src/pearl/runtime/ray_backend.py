@@ -52,14 +52,18 @@ def token_auth() -> bool:
 
 def init_local(num_cpus: int | None = None) -> None:
     """Start a local Ray instance on 127.0.0.1 only, with token authentication: what `pearl train`
-    does without an address (sized from this host's CPUs); tests start theirs with it too."""
+    does without an address (sized from this host's CPUs); tests start theirs with it too. Its
+    workers run at the driver's priority: Ray nices them (15) by default, as background work, but
+    here they are the rollout engines, and the trainer thread in the driver would starve them of the
+    cores they share (an actor took minutes to start, and a lent core's return waited on a niced one,
+    while other processes loaded both cores)."""
     from ray._private import ray_constants as rc
 
     multi, rc.ENABLE_RAY_CLUSTER = rc.ENABLE_RAY_CLUSTER, False  # keep 127.0.0.1 (see RayBackend._connect)
     try:
         token_auth()
         ray.init(num_cpus=num_cpus or len(os.sched_getaffinity(0)), include_dashboard=False, log_to_driver=False,
-                 _node_ip_address="127.0.0.1")
+                 _node_ip_address="127.0.0.1", _system_config={"worker_niceness": 0})
     finally:
         rc.ENABLE_RAY_CLUSTER = multi
 
