@@ -19,7 +19,17 @@ With `--cap C` the same cells run with at most C trajectories in flight (`rl.max
 the simulated batch is admitted C at a time) and the controller predicts as it does once its in-flight
 cap is C (`Controller._recap`): the regime PEARL's KV-bound cells are decided in.
 
+With `--devices N` (a multiple of 8) every shape's worker counts are scaled by N / 8; the batch stays
+(η+1)·B = 512.
+
+With `--pipeline` the truth is a running pipeline instead of one batch admitted at once: staleness 1,
+B = 256, the layout held fixed for `--steps` training steps, a 64-device trainer so that rollout sets
+the pace; the simulated time per (η+1)·B trajectories is (η+1) × the mean time between batches after
+the first two. The staleness gate admits a batch at a time, so the 512 in flight are of two ages; the
+controller still predicts them as 512 fresh ones (uncapped), which is what this mode tests.
+
 Usage: python benchmarks/predictor_accuracy.py [--seeds 2] [--jobs 2] [--profiles swe,game] [--cap 128]
+       [--pipeline [--steps 8]]
 Prints one row per cell (predicted, simulated, error), the selector's regret among the shapes tried
 per profile, and the MAPE last. About two minutes on two cores.
 """
@@ -46,6 +56,12 @@ DEVICES, B, ETA, GROUP = 8, 256, 1, 8
 SHAPES = (LayoutShape.colocated(8, 1), LayoutShape.disaggregated(1, 7, 1), LayoutShape.disaggregated(2, 6, 1),
           LayoutShape.disaggregated(4, 4, 1), LayoutShape.colocated(4, 2), LayoutShape.disaggregated(1, 3, 2),
           LayoutShape.colocated(2, 4), LayoutShape.colocated(1, 8))
+def shapes(devices: int = DEVICES) -> tuple[LayoutShape, ...]:
+    """SHAPES on `devices` (a multiple of 8): every worker count times devices / 8."""
+    k = devices // DEVICES
+    return tuple(LayoutShape(s.mode, s.n_mixed * k, s.n_prefill * k, s.n_decode * k, s.tp) for s in SHAPES)
+
+
 WINDOW_SEED = 999_331  # the estimator's window: trajectories of a seed no simulation uses
 
 
@@ -61,6 +77,19 @@ def scenario(profile: str, shape: LayoutShape, seed: int, n: int, cap: int | Non
         workload=_workload(profile, schedule), rl=dict(staleness=0, prompts_per_batch=n // GROUP, group_size=GROUP,
                                                 max_concurrent_trajectories=cap)),
         ScenarioConfig)
+
+
+def pipelined(profile: str, shape: LayoutShape, seed: int, steps: int, cap: int | None = None,
+              devices: int = DEVICES) -> float:
+    """Seconds per (η+1)·B trajectories of `shape` held fixed in a running pipeline (see --pipeline)."""
+    cfg = parse_config(dict(
+        seed=seed, model="qwen3-8b", duration_s=1e7, max_train_steps=steps,
+        cluster=dict(hardware="h800", rollout_devices=devices, train_devices=64), engine=dict(tp=shape.tp),
+        layout=dict(mode=shape.mode.value, prefill=shape.n_prefill, decode=shape.n_decode), workload=dict(profile=profile),
+        rl=dict(staleness=ETA, prompts_per_batch=B // GROUP, group_size=GROUP, max_concurrent_trajectories=cap)),
+        ScenarioConfig)
+    t = [s["t_ready"] for s in Simulator(cfg).run()["per_step"]]
+    return (ETA + 1) * (t[-1] - t[2]) / (len(t) - 3)
 
 
 def _workload(profile: str, schedule: list | None) -> dict:
@@ -89,10 +118,13 @@ def controller_prediction(profile: str, shape: LayoutShape, window: int | None =
 
 
 def run_cell(args) -> dict:
-    profile, shape, seeds, window, cap = args
+    profile, shape, seeds, window, cap, steps, dev = args
     n = (ETA + 1) * B
-    sims = [Simulator(scenario(profile, shape, s, n, cap)).run()["per_step"][0]["t_ready"] for s in seeds]
-    return dict(profile=profile, shape=shape, sim=sims, pred=controller_prediction(profile, shape, window, cap))
+    if steps:
+        sims = [pipelined(profile, shape, s, steps, cap, dev) for s in seeds]
+    else:
+        sims = [Simulator(scenario(profile, shape, s, n, cap, dev)).run()["per_step"][0]["t_ready"] for s in seeds]
+    return dict(profile=profile, shape=shape, sim=sims, pred=controller_prediction(profile, shape, window, cap, dev))
 
 
 def main() -> None:
@@ -102,10 +134,19 @@ def main() -> None:
     ap.add_argument("--profiles", default=",".join(PROFILES))
     ap.add_argument("--window", type=int, default=None, help="the estimator's window (default: the controller's)")
     ap.add_argument("--cap", type=int, default=None, help="trajectories in flight at most (default: all 512)")
+    ap.add_argument("--pipeline", action="store_true", help="the truth is a running pipeline, not one batch at once")
+    ap.add_argument("--steps", type=int, default=8, help="with --pipeline: training steps per run (at least 4)")
+    ap.add_argument("--devices", type=int, default=DEVICES, help="rollout devices, a multiple of 8 (the shapes scale)")
     a = ap.parse_args()
     if a.cap is not None and a.cap < GROUP:
         ap.error(f"--cap must be at least one group ({GROUP} trajectories), got {a.cap}")
-    jobs = [(p, s, tuple(range(a.seeds)), a.window, a.cap) for p in a.profiles.split(",") for s in SHAPES]
+    if a.pipeline and a.steps < 4:
+        ap.error(f"--steps must be at least 4 (the period is measured after the first two batches), got {a.steps}")
+    if a.devices < DEVICES or a.devices % DEVICES:
+        ap.error(f"--devices must be a multiple of {DEVICES}, got {a.devices}")
+    steps = a.steps if a.pipeline else 0
+    jobs = [(p, s, tuple(range(a.seeds)), a.window, a.cap, steps, a.devices)
+            for p in a.profiles.split(",") for s in shapes(a.devices)]
     with Pool(a.jobs) as pool:
         rows = pool.map(run_cell, jobs, chunksize=1)
     print(f"{'profile':9s} {'shape':16s} {'predicted':>9s} {'simulated':>9s} {'spread':>6s} {'err':>7s}")
@@ -129,7 +170,8 @@ def main() -> None:
     print(f"selector within 5% of the best simulated shape: {hits}/{len(profiles)}")
     worst = max(range(len(rows)), key=lambda i: errs[i])
     flight = f"{(ETA + 1) * B}" if a.cap is None else f"{(ETA + 1) * B} (at most {a.cap} at once)"
-    print(f"cells: {len(rows)}, {flight} trajectories in flight on {DEVICES} devices (η={ETA}, B={B}), "
+    flight += " as a running pipeline" if a.pipeline else " admitted at once"
+    print(f"cells: {len(rows)}, {flight} trajectories in flight on {a.devices} devices (η={ETA}, B={B}), "
           f"simulated mean of {a.seeds} seeds; worst {rows[worst]['profile']} {rows[worst]['shape']}: "
           f"{100 * errs[worst]:.1f}%")
     print(f"MAPE (controller's regime): {100 * np.mean(errs):.2f}%")
