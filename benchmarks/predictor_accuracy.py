@@ -29,7 +29,7 @@ the first two. The staleness gate admits a batch at a time, so the 512 in flight
 controller still predicts them as 512 fresh ones (uncapped), which is what this mode tests.
 
 Usage: python benchmarks/predictor_accuracy.py [--seeds 2] [--jobs 2] [--profiles swe,game] [--cap 128]
-       [--pipeline [--steps 8]]
+       [--devices 16] [--pipeline [--steps 8]]
 Prints one row per cell (predicted, simulated, error), the selector's regret among the shapes tried
 per profile, and the MAPE last. About two minutes on two cores.
 """
@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from dataclasses import replace
 from multiprocessing import Pool
 from pathlib import Path
 
@@ -56,10 +57,13 @@ DEVICES, B, ETA, GROUP = 8, 256, 1, 8
 SHAPES = (LayoutShape.colocated(8, 1), LayoutShape.disaggregated(1, 7, 1), LayoutShape.disaggregated(2, 6, 1),
           LayoutShape.disaggregated(4, 4, 1), LayoutShape.colocated(4, 2), LayoutShape.disaggregated(1, 3, 2),
           LayoutShape.colocated(2, 4), LayoutShape.colocated(1, 8))
+
+
 def shapes(devices: int = DEVICES) -> tuple[LayoutShape, ...]:
     """SHAPES on `devices` (a multiple of 8): every worker count times devices / 8."""
     k = devices // DEVICES
-    return tuple(LayoutShape(s.mode, s.n_mixed * k, s.n_prefill * k, s.n_decode * k, s.tp) for s in SHAPES)
+    return tuple(replace(s, n_mixed=s.n_mixed * k, n_prefill=s.n_prefill * k, n_decode=s.n_decode * k)
+                 for s in SHAPES)
 
 
 WINDOW_SEED = 999_331  # the estimator's window: trajectories of a seed no simulation uses
@@ -88,8 +92,13 @@ def pipelined(profile: str, shape: LayoutShape, seed: int, steps: int, cap: int 
         layout=dict(mode=shape.mode.value, prefill=shape.n_prefill, decode=shape.n_decode), workload=dict(profile=profile),
         rl=dict(staleness=ETA, prompts_per_batch=B // GROUP, group_size=GROUP, max_concurrent_trajectories=cap)),
         ScenarioConfig)
-    t = [s["t_ready"] for s in Simulator(cfg).run()["per_step"]]
-    return (ETA + 1) * (t[-1] - t[2]) / (len(t) - 3)
+    return (ETA + 1) * batch_period(Simulator(cfg).run()["per_step"])
+
+
+def batch_period(per_step: list[dict]) -> float:
+    """The mean time between batches after the first two (the pipeline's start-up left out)."""
+    t = [s["t_ready"] for s in per_step]
+    return (t[-1] - t[2]) / (len(t) - 3)
 
 
 def _workload(profile: str, schedule: list | None) -> dict:

@@ -33,6 +33,7 @@ from pearl.control.predictor_mix import predict_shapes  # noqa: E402
 from pearl.runtime.sim import Simulator  # noqa: E402
 from pearl.types import LayoutShape, Mode  # noqa: E402
 from pearl.workloads import Workload  # noqa: E402
+from predictor_accuracy import batch_period  # noqa: E402 - the period's one definition
 
 DEVICES, TRAIN, PROMPTS, GROUP, ETA = 22, 64, 32, 8, 1
 
@@ -59,8 +60,7 @@ def cell(args: tuple[str, LayoutShape, int]) -> tuple[str, LayoutShape, float, f
     cfg = config(profile, steps)
     sim = Simulator(cfg)
     sim.control.initial = shape
-    t = [s["t_ready"] for s in sim.run()["per_step"]]
-    period = (t[-1] - t[2]) / (len(t) - 3)
+    period = batch_period(sim.run()["per_step"])
     stats = WorkloadStats.from_workload(Workload(cfg.workload, 0), 512)
     pred = predict_shapes([shape], sim.perf_for, cfg.engine, stats, BatchState.fresh((ETA + 1) * PROMPTS * GROUP))[0]
     return profile, shape, period, pred.completion_s / (ETA + 1)

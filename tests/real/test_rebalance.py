@@ -35,7 +35,9 @@ def _rollout(join_after: int | None):
     params = SamplingParams(temperature=1.0, max_new_tokens=6, ignore_eos=True)  # seeded per trajectory
     loop = AgentLoop([TorchEngine(loaded, kv_capacity_tokens=4096, seed=1)], "colocated", ThreeTurns, params, 4,
                      10.0, seed=7)
-    _started, done, steps = [loop.start_group(g, g) for g in range(2)], [], 0
+    for g in range(2):
+        loop.start_group(g, g)
+    done, steps = [], 0
     moved = 0
     while len(done) < 2:
         if steps == join_after:
