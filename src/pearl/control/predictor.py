@@ -48,8 +48,9 @@ before the last batch's E[max].
 
 Here: the workload's statistics, the batch state, its representatives (`prepare`) and the entry points.
 The numeric core (the vectorised roofline `_Coeffs`/`_step`, the fixed point `_solve`, the spread) is
-`pearl.control.predictor_core`, the geometry and E[max] `pearl.control.predictor_end`; `BatchReps`,
-`_Coeffs` and `_step` are re-exported here.
+`pearl.control.predictor_core`, the geometry (with the prefill workers' model at their own tp), E[max]
+and the critical trajectory `pearl.control.predictor_end`; `BatchReps`, `_Coeffs` and `_step` are
+re-exported here.
 
 What it must not do: simulate events, own time, or import torch, Ray, asyncio or `time`.
 """
@@ -64,7 +65,7 @@ import numpy as np
 
 from pearl.config import EngineConfig
 from pearl.control.predictor_core import BatchReps, _Coeffs, _solve
-from pearl.control.predictor_end import _expected_max, _same_node_share
+from pearl.control.predictor_end import _critical_path, _expected_max, _same_node_share, _with_tp
 from pearl.control.predictor_core import _step  # noqa: F401  (re-exported: tests check it against the roofline)
 from pearl.perf.roofline import PerfModel
 from pearl.types import LayoutShape, Mode, Role
@@ -129,6 +130,11 @@ class WorkloadStats:
         w = _work(self, np.arange(self.size), np.zeros(self.size, int), None)
         f = np.stack([w[k] for k in ("K", "Dn", "X", "E", "Cd")], 1)
         return (f - f.mean(0)) / np.maximum(f.std(0), 1e-12)
+
+    @cached_property
+    def _memo(self) -> dict:
+        """Results computed from these samples alone, kept for later calls (`_class_work`)."""
+        return {}
 
     def spec(self, i: int) -> TrajectorySpec:
         k = int(self.turns[i])
@@ -245,10 +251,10 @@ def prepare(stats: WorkloadStats, batch: BatchState, max_reps: int = 512,
         rows = np.nonzero(stats.turns > d)[0]
         if rows.size == 0:  # longer than every sample: one more turn like the longest ones
             rows, d = np.nonzero(stats.turns == stats.turns.max())[0], int(stats.turns.max()) - 1
-        rows, q = _thin(stats, rows, max_reps)
         sizes[label] = n = batch.n_fresh if done < 0 else len(members)
-        ctx = None if done < 0 else np.full(rows.size, float(np.mean([t.context for t in members])))
-        parts.append((_work(stats, rows, np.full(rows.size, d), ctx), n * q, label, q))
+        ctx = None if done < 0 else float(np.mean([t.context for t in members]))
+        work, q = _class_work(stats, rows, d, max_reps, ctx)
+        parts.append((work, n * q, label, q))
     if not parts:
         raise ValueError("the batch is empty: nothing to predict")
     work = {k: np.concatenate([p[0][k] for p in parts]) for k in parts[0][0] if k != "ev_row"}
@@ -269,6 +275,18 @@ def prepare(stats: WorkloadStats, batch: BatchState, max_reps: int = 512,
     work["ev_row"], work["starts"] = row, np.searchsorted(row, np.arange(len(w)))
     return BatchReps(work, w, np.concatenate([np.full(len(p[1]), p[2]) for p in parts]),
                      np.concatenate([np.broadcast_to(p[3], len(p[1])) for p in parts]).astype(float), sizes)
+
+
+def _class_work(stats: WorkloadStats, rows: np.ndarray, d: int, max_reps: int,
+                ctx: float | None) -> tuple[dict, np.ndarray]:
+    """A class's representatives (`_thin` of `rows`, the samples past turn `d`): their work from turn `d`
+    on (re-anchored on context `ctx` when given) and masses. All but `ctx` depend on `stats` alone, so
+    they are kept on it (`WorkloadStats._memo`) for later batches (not to be modified)."""
+    if (key := (d, max_reps, rows.size)) not in stats._memo:
+        rows, q = _thin(stats, rows, max_reps)
+        stats._memo[key] = (rows, q, _work(stats, rows, np.full(rows.size, d), None))
+    rows, q, work = stats._memo[key]
+    return (work if ctx is None else _work(stats, rows, np.full(rows.size, d), np.full(rows.size, ctx))), q
 
 
 def _thin(stats: WorkloadStats, rows: np.ndarray, max_reps: int) -> tuple[np.ndarray, np.ndarray]:
@@ -339,44 +357,29 @@ def predict_many(shapes: Sequence[LayoutShape], perfs: Sequence[PerfModel], engi
         cv2 = (w * ((run["T"] - steady_T[:, None]) ** 2 + run["sigma"] ** 2)).sum(1) / w.sum() / steady_T ** 2
         comp = comp + np.maximum(batch.queued / w.sum() + (1 - cv2) / 2, 0.0) * steady_T
         gen = gen * (1 + batch.queued / w.sum())
-    out = []
-    for i, s in enumerate(shapes):
-        j = int(np.argmin(np.abs(T[i] - end[i])))  # the critical trajectory: the one ending nearest
-        terms = _critical_path(reps, r, i, j)
-        out.append(Prediction(float(comp[i]), gen / float(comp[i]), float(run["concurrency"][i]),
-                              max(terms, key=terms.get),
-                              dict(critical_path=terms, critical_T=float(T[i, j]), spread_s=float(r["sigma"][i, j]),
-                                   mean_T=float(mean_T[i]), evicted_share=float(run["evict"][i]),
-                                   iterations=r["iters"] + (run["iters"] if run is not r else 0))))
-    return out
+    rows = np.arange(len(shapes))
+    crit = np.argmin(np.abs(T - end[:, None]), axis=1)  # the critical trajectory: the one ending nearest
+    cols = (x.tolist() for x in (comp, run["concurrency"], T[rows, crit], r["sigma"][rows, crit], mean_T, run["evict"]))
+    iters = r["iters"] + (run["iters"] if run is not r else 0)
+    return [Prediction(c, gen / c, conc, max(terms, key=terms.get),
+                       dict(critical_path=terms, critical_T=ct, spread_s=sp, mean_T=mt, evicted_share=ev, iterations=iters))
+            for terms, c, conc, ct, sp, mt, ev in zip(_critical_path(reps, r, rows, crit), *cols)]
 
 
-def _critical_path(reps: BatchReps, r: dict, i: int, j: int) -> dict[str, float]:
-    """Representative j's time under candidate row i of a solve `r`, by term (environment, decode,
-    prefill); its own-context reads ride with decode."""
-    terms = dict(env=float(reps.work["E"][j]), decode=float(reps.work["Dn"][j] * r["tau_h"][i, j]),
-                 prefill=float(r["own"][i, j] + reps.work["K"][j] * r["omega"][i, j]))
-    terms["decode"] += max(float(r["T"][i, j]) - sum(terms.values()), 0.0)
-    return terms
+_STACKS: dict[tuple[int, ...], tuple[tuple[PerfModel, ...], _Coeffs]] = {}  # (models kept: ids not reused)
 
 
 def _stacked(perfs: Sequence[PerfModel]) -> _Coeffs:
-    """The models' coefficients, one row per entry (few distinct models, one per tp: each stacked once)."""
-    uniq = {id(pm): pm for pm in perfs}
-    pos = {k: i for i, k in enumerate(uniq)}
-    return _Coeffs.stack([_Coeffs.of(pm) for pm in uniq.values()]).take(np.array([pos[id(pm)] for pm in perfs]))
-
-
-_DERIVED: dict[tuple[int, int], tuple[PerfModel, PerfModel]] = {}
-
-
-def _with_tp(pm: PerfModel, tp: int) -> PerfModel:
-    """`pm` at another tp, built once per (model, tp) (the model is kept, so its id is not reused)."""
-    if pm.tp == tp:
-        return pm
-    hit = _DERIVED.get((id(pm), tp))
-    if hit is None or hit[0] is not pm:
-        hit = _DERIVED[(id(pm), tp)] = (pm, pm.with_tp(tp))
+    """The models' coefficients, one row per entry (few distinct models, one per tp: each stacked once);
+    the stacks of the last few hundred lists are kept (a decision predicts the last one's shapes again)."""
+    hit = _STACKS.get(key := tuple(map(id, perfs)))
+    if hit is None:
+        if len(_STACKS) >= 256:
+            _STACKS.clear()
+        uniq = {id(pm): pm for pm in perfs}
+        pos = {k: i for i, k in enumerate(uniq)}
+        cf = _Coeffs.stack([_Coeffs.of(pm) for pm in uniq.values()]).take(np.array([pos[id(pm)] for pm in perfs]))
+        hit = _STACKS[key] = (tuple(perfs), cf)
     return hit[1]
 
 

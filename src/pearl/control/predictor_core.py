@@ -25,7 +25,8 @@ _REBALANCE = 1.0  # the worker-mate spread kept whole (see _spread)
 # ------------------------------------------------------------------ vectorised roofline
 class _Coeffs:
     """`PerfModel.step_time` as linear coefficients, probed through its public methods and checked, so
-    that step times of many candidates and batch sizes are a few numpy operations."""
+    that step times of many candidates and batch sizes are a few numpy operations. What `_step` may
+    skip for a set of rows is decided once per set (`_derive`)."""
 
     NAMES = ("flop_rate", "byte_rate", "ovh", "sum", "per_op", "a_tok", "a_pair", "a_lm", "b_static", "b_tok",
              "b_kv", "b_exp", "n_exp", "log_miss", "ar_tok", "ar_fixed", "seq", "cap", "xfer_same", "xfer_net",
@@ -61,6 +62,7 @@ class _Coeffs:
         self.xfer_same = pm.kv_bytes_per_token / (hw.nvlink_bw * pm.tp)
         self.xfer_net = pm.kv_bytes_per_token / (hw.net_bw * pm.tp)
         self.setup = c.kv_setup_s
+        self._derive()
         for args in ((7, 9000, 0, 0.0), (3, 500, 700, 7e5), (0, 0, 4000, 9e6), (40, 2e5, 300, 4e5)):
             want, got = pm.step_time(*args), float(_step(self, *args[:2], *(args[2:] if args[2] else ())))
             if abs(got - want) > 1e-9 + 1e-6 * want:
@@ -68,38 +70,58 @@ class _Coeffs:
 
     @staticmethod
     def stack(cs: Sequence[_Coeffs]) -> _Coeffs:
-        out = _Coeffs()
-        out.__dict__.update({n: np.array([getattr(c, n) for c in cs], float)[:, None] for n in _Coeffs.NAMES})
-        return out
+        return _Coeffs()._derive({n: np.array([getattr(c, n) for c in cs], float)[:, None] for n in _Coeffs.NAMES})
 
     def take(self, rows: np.ndarray) -> _Coeffs:
-        out = _Coeffs()
-        out.__dict__.update({n: getattr(self, n)[rows] for n in _Coeffs.NAMES})
-        return out
+        """These rows; `src`: the stack they come from (one row per distinct model, say) and their rows in it."""
+        src, at = self.__dict__.get("src", (self, np.arange(len(self.flop_rate))))
+        return _Coeffs()._derive({n: getattr(self, n)[rows] for n in _Coeffs.NAMES} | {"src": (src, at[rows])})
+
+    def _derive(self, values: dict | None = None) -> _Coeffs:
+        """With `values` (coefficients by `NAMES`) set first, what holds for every row (`_step` skips what
+        it need not compute: all per operator or none, any additive, any MoE: the experts' bytes are 0 for
+        dense models), and the own context's cost per token per step, memory- or compute-bound (`_rates`)."""
+        self.__dict__.update(values or {})
+        per_op = np.asarray(self.per_op) > 0
+        self.all_per_op, self.any_per_op = bool(per_op.all()), bool(per_op.any())
+        self.any_sum = bool((np.asarray(self.sum) > 0).any())
+        self.moe = bool((np.asarray(self.b_exp * self.n_exp) != 0).any())
+        self.kv_read, self.attn_flop = self.b_kv / self.byte_rate, self.a_pair / self.flop_rate
+        return self
+
+    def chunks(self, P, A) -> SimpleNamespace:
+        """Prefill chunks' own terms of `_step` (their tokens, whether any, LM head, attention FLOPs and
+        KV reads): the same numbers `_step` computes from P and A, once for chunks priced every iteration."""
+        P = np.asarray(P, float)
+        on = P > 0
+        return SimpleNamespace(P=P, on=on, lm=self.a_lm * on, attn_f=self.a_pair * A,
+                               attn_b=self.b_kv * np.where(on, A / np.maximum(P, 1.0) + P / 2, 0.0))
 
 
 def _step(c, B, ctx, P=None, A=None, parts: bool = False):
     """Vectorised `PerfModel.step_time` (B may be fractional: a mean batch); P, A: prefill tokens and
-    attention work (None: a decode step, B > 0); with `parts`, also whether it is memory-bound."""
-    tokens, sampled = (B, B) if P is None else (B + P, B + (np.asarray(P, float) > 0))
+    attention work (None: a decode step, B > 0; P may be their `_Coeffs.chunks`, A then unused); with
+    `parts`, also whether it is memory-bound."""
+    ch = None if P is None else P if isinstance(P, SimpleNamespace) else c.chunks(P, A)
+    tokens, sampled = (B, B) if ch is None else (B + ch.P, B + ch.on)
     # dense operators (matmuls, experts, LM head) and attention (QK^T/PV FLOPs, KV reads), apart
     dense_f = c.a_tok * tokens + c.a_lm * B
     attn_f = c.a_pair * ctx
-    dense_b = c.b_static + c.b_tok * tokens + c.b_exp * c.n_exp * -np.expm1(tokens * c.log_miss)
+    dense_b = c.b_static + c.b_tok * tokens
+    if c.moe:  # (0 for dense models: skipped)
+        dense_b = dense_b + c.b_exp * c.n_exp * -np.expm1(tokens * c.log_miss)
     attn_b = c.b_kv * ctx
-    if P is not None:  # prefill chunks: their attention, their KV reads and one sampled position
-        P = np.asarray(P, float)
-        dense_f = dense_f + c.a_lm * (P > 0)
-        attn_f = attn_f + c.a_pair * A
-        attn_b = attn_b + c.b_kv * np.where(P > 0, A / np.maximum(P, 1.0) + P / 2, 0.0)
-    tc, tm = (dense_f + attn_f) / c.flop_rate, (dense_b + attn_b) / c.byte_rate
-    body = np.where(c.sum > 0, tc + tm, np.maximum(tc, tm))
-    if np.any(c.per_op > 0):  # combine="per_op": each operator its own roofline, summed
+    if ch is not None:  # prefill chunks: their attention, their KV reads and one sampled position
+        dense_f, attn_f, attn_b = dense_f + ch.lm, attn_f + ch.attn_f, attn_b + ch.attn_b
+    if parts or not c.all_per_op:  # (one roofline, or "sum": additive; not needed when every row is per_op)
+        tc, tm = (dense_f + attn_f) / c.flop_rate, (dense_b + attn_b) / c.byte_rate
+        body = np.where(c.sum > 0, tc + tm, np.maximum(tc, tm)) if c.any_sum else np.maximum(tc, tm)
+    if c.any_per_op:  # combine="per_op": each operator its own roofline, summed
         ops = (np.maximum(dense_f / c.flop_rate, dense_b / c.byte_rate)
                + np.maximum(attn_f / c.flop_rate, attn_b / c.byte_rate))
-        body = np.where(c.per_op > 0, ops, body)
+        body = ops if c.all_per_op else np.where(c.per_op > 0, ops, body)
     t = c.ovh + body + c.ar_tok * tokens + c.ar_fixed + c.seq * sampled
-    if P is not None:
+    if ch is not None:
         t = np.where(tokens > 0, t, 0.0)  # an empty step costs nothing
     return (t, tm >= tc) if parts else t
 
@@ -173,21 +195,23 @@ def _start(cf, n_dw, n_p, dis, p_same, reps: BatchReps, cfp, steady: bool = Fals
     ev_w = w[wk["ev_row"]] * ev_m / (w[wk["ev_row"]] * ev_m).sum()
     C, N = dis.shape[0], len(w)
     ic, idis = np.nonzero(~dis[:, 0])[0], np.nonzero(dis[:, 0])[0]
-    cc, cd = cf.take(ic), cfp.take(idis)
+    # A prefill step depends on the prefill model alone: priced once per row of `u` (the stack `cfp` was taken
+    # from: a row per distinct model), `at` each candidate's row there.
+    cc, (u, at) = cf.take(ic), cfp.__dict__.get("src", (cfp, np.arange(C)))
     # Disaggregated: a prefill step per turn (its mean is the queue's service), fetch and hand-off.
     own, s1 = np.zeros((C, N)), np.zeros((C, 1))
     xfer = p_same * cf.xfer_same + (1 - p_same) * cf.xfer_net
     if cfp is not cf:
         xfer = np.maximum(xfer, p_same * cfp.xfer_same + (1 - p_same) * cfp.xfer_net)
     if idis.size:
-        s_e = _step(cd, 0.0, 0.0, ev_x, ev_a)
+        s_e, at = _step(u, 0.0, 0.0, ev_x, ev_a), at[idis]
         # Queued turns share steps (a chunk takes every waiting prompt up to the token budget), so
         # the queue drains at the marginal cost of a turn: its step less an empty step's overhead, and
         # at least its FLOPs and all-reduces (small prompts ride a weight-read-bound step alone, not
         # when the queue packs them into one chunk).
-        flops = (cd.a_tok * ev_x + cd.a_lm + cd.a_pair * ev_a) / cd.flop_rate + cd.ar_tok * ev_x
-        s1[idis] = (np.maximum(s_e - _step(cd, 0.0, 0.0, 1.0, 0.5), flops) * ev_w).sum(1, keepdims=True)
-        own[idis] = (np.add.reduceat(s_e * ev_m, starts, axis=1) + (2 * K - fresh) * cd.setup
+        flops = (u.a_tok * ev_x + u.a_lm + u.a_pair * ev_a) / u.flop_rate + u.ar_tok * ev_x
+        s1[idis] = (np.maximum(s_e - _step(u, 0.0, 0.0, 1.0, 0.5), flops) * ev_w).sum(1, keepdims=True)[at]
+        own[idis] = (np.add.reduceat(s_e * ev_m, starts, axis=1)[at] + (2 * K - fresh) * u.setup[at]
                      + (X + F) * xfer[idis])
     # The first prompts all arrive at t=0: a trajectory waits, on average, for half of its worker's
     # other prompts (chunked together, so compute-bound).
@@ -204,12 +228,14 @@ def _start(cf, n_dw, n_p, dis, p_same, reps: BatchReps, cfp, steady: bool = Fals
     tau_h, wait = tau1 + 0 * T, 0 * T
     b_ref = np.maximum(1.0, 0.5 * n_all * mate)[ic]
     ctx_ref = b_ref * (w * c0).sum() / n_all
-    rowoff = (np.arange(C) * N)[:, None]
-    per_rep = np.stack([w, w * c0, w * K, Dn, E, Cd, K, cF - c0])
+    rowoff, p_cap = (np.arange(C) * N)[:, None], n_p * cfp.cap  # (the prefill workers' KV, `_segments`)
+    # The colocated rows' mixed steps, one `_step` per iteration (the events', first prompts', an empty chunk: decode)
+    chunks = cc.chunks(np.concatenate([ev_x, prompt, [0.0]]), np.concatenate([ev_a, prompt ** 2 / 2, [0.0]])) if ic.size else None
+    per_rep = np.stack([w, wc0 := w * c0, w * K, Dn, E, Cd, K, cF - c0, wc0 * (wc0 / np.maximum(w, 1e-12)), 2 * wc0])
     return SimpleNamespace(cf=cf, cfp=cfp, cc=cc, dis=dis, n_p=n_p, C=C, N=N, ic=ic, K=K, prompt=prompt, ev_x=ev_x, ev_a=ev_a,
                            ev_m=ev_m, ev_w=ev_w, starts=starts, own=own, s1=s1, xfer=xfer, n_all=n_all,
                            burst=burst, mate=mate, rowoff=rowoff, per_rep=per_rep, T=T, tau_h=tau_h,
-                           wait=wait, b_ref=b_ref, ctx_ref=ctx_ref, steady=steady)
+                           wait=wait, b_ref=b_ref, ctx_ref=ctx_ref, steady=steady, chunks=chunks, p_cap=p_cap)
 
 
 def _segments(s: SimpleNamespace, engine: EngineConfig, T, tau_h, wait) -> SimpleNamespace:
@@ -217,11 +243,10 @@ def _segments(s: SimpleNamespace, engine: EngineConfig, T, tau_h, wait) -> Simpl
     (decode share, contexts, turn rate, think time), the decode batch and context on a worker, and
     the KV overflow (the batch's slowdown, the share of turns evicted and what an eviction costs)."""
     cf, C, N, mate = s.cf, s.C, s.N, s.mate
-    order = np.argsort(T, axis=1)
+    order = T.argsort(axis=1)
     flat = (order + s.rowoff).ravel()
-    ws, wc0, wK, Dn_s, E_s, Cd_s, K_s, grow = s.per_rep[:, order]
-    Ts, th_prev, own_s, wait_s, burst_s = np.stack([T, tau_h, s.own + s.burst, wait, s.burst]).reshape(
-        5, -1)[:, flat].reshape(5, C, N)
+    ws, wc0, wK, Dn_s, E_s, Cd_s, K_s, grow, wc0c0, wc0x2 = s.per_rep.take(order.ravel(), axis=1).reshape(-1, C, N)  # (w·c0², 2·w·c0)
+    Ts, th_prev, own_s, wait_s, burst_s = (x.take(flat).reshape(C, N) for x in (T, tau_h, s.own + s.burst, wait, s.burst))
     think = np.maximum(Ts / K_s - wait_s - own_s / K_s, 0.0)  # a turn's time outside the prefill queue
     ps = np.minimum(Dn_s * th_prev / Ts, 1.0)  # share of its life decoding (Little's law)
     prev = np.concatenate([np.zeros((C, 1)), Ts[:, :-1]], axis=1)
@@ -229,9 +254,9 @@ def _segments(s: SimpleNamespace, engine: EngineConfig, T, tau_h, wait) -> Simpl
     slope = grow / Ts  # context growth per second while alive
     # Sums over the alive (reverse cumulative sums in completion order), all in one pass.
     queued = np.minimum((K_s * wait_s + own_s) / Ts, 1.0)  # share of its life in the prefill queue
-    c0 = wc0 / np.maximum(ws, 1e-12)
-    parts = np.stack([ws, ws * ps, wc0 * ps, ws * ps * slope, wc0, ws * slope, wK / Ts, ws * think, ws * queued,
-                      wc0 * c0, 2 * wc0 * slope, ws * slope ** 2])
+    wps = ws * ps
+    parts = np.array([ws, wps, wc0 * ps, wps * slope, wc0, ws * slope, wK / Ts, ws * think, ws * queued,
+                      wc0c0, wc0x2 * slope, ws * slope ** 2])
     if s.steady:  # replaced as they finish: the alive are each kind in proportion to its life, at mid-life
         parts[[3, 5, 10]] *= Ts / 2
         parts[11] *= Ts ** 2 / 3
@@ -240,33 +265,33 @@ def _segments(s: SimpleNamespace, engine: EngineConfig, T, tau_h, wait) -> Simpl
         S_w, S_p, S_pc, S_ps, S_c0, S_sl, S_k, S_z, S_q, S_a, S_b, S_d = np.broadcast_to(sums, parts.shape)
     else:
         S_w, S_p, S_pc, S_ps, S_c0, S_sl, S_k, S_z, S_q, S_a, S_b, S_d = np.cumsum(parts[:, :, ::-1], axis=2)[:, :, ::-1]
-    oth = np.maximum(S_w - 1, 0) / np.maximum(S_w, 1e-12)  # share of the alive that are others
+    oth = np.maximum(S_w - 1, 0) / (S_w1 := np.maximum(S_w, 1e-12))  # share of the alive that are others
     S_c, S_all = S_pc + S_ps * tmid, S_c0 + S_sl * tmid  # contexts decoding / held by all alive
     B = 1 + S_p * oth * mate  # decoders wanting a step (the engine runs at most max_num_seqs)
     ctx, own_ctx = S_c * oth * mate, S_c / np.maximum(S_p, 1e-12)
     # KV beyond capacity, or decoders beyond max_num_seqs: they wait (the batch shrinks by kv_slow,
     # each advances kv_slow times slower); idle sessions beyond KV are evicted, so a share `evict` of
     # turns recomputes / re-sends it all.
-    kv_slow = np.maximum(np.maximum(1.0, (ctx + own_ctx) / cf.cap), B / engine.max_num_seqs)
+    kv_slow = np.maximum(np.maximum(1.0, (held := ctx + own_ctx) / cf.cap), B / engine.max_num_seqs)
     # Disaggregated, a session waiting in the prefill queue has had its context fetched already (its
     # copy on the decode worker is the first to go, harmlessly): only those decoding or in their
     # environment need it kept there.
-    demand = np.maximum(S_all * np.where(s.dis, 1.0 - S_q / np.maximum(S_w, 1e-12), 1.0) * oth * mate + own_ctx,
-                        ctx + own_ctx)  # (at least what the decoders hold)
+    demand = np.maximum(S_all * np.where(s.dis, 1.0 - S_q / S_w1, 1.0) * oth * mate + own_ctx,
+                        held)  # (at least what the decoders hold)
     evict = np.minimum(np.maximum(demand - cf.cap, 0.0) / np.maximum(demand - ctx - own_ctx, 1.0), 1.0)
-    m_ctx = S_all / np.maximum(S_w, 1e-12)
-    m_sq = (S_a + S_b * tmid + S_d * tmid ** 2) / np.maximum(S_w, 1e-12)  # the alive contexts' mean square
+    m_ctx = S_all / S_w1
+    m_sq = (S_a + S_b * tmid + S_d * tmid ** 2) / S_w1  # the alive contexts' mean square
     recompute = _prefill_s(s.cfp, m_ctx, m_sq)
     # Colocated, an evicted context is recomputed in the worker's own chunks. Disaggregated, the
     # prefill worker that last prefilled it re-sends it if it still holds it: the prefill workers keep
     # the most recently active contexts up to their own KV capacity (a share `held_p` of them), the
     # decode side evicts the least recently active, so a share min(evict, 1 - held_p) of turns finds
     # it nowhere and recomputes the whole context in the prefill queue; every evicted one is sent.
-    held_p = np.clip(s.n_p * s.cfp.cap / np.maximum(S_all, 1.0), 0.0, 1.0)
+    held_p = np.minimum(np.maximum(s.p_cap / np.maximum(S_all, 1.0), 0.0), 1.0)
     rcmp = np.where(s.dis, np.minimum(evict, 1.0 - held_p), evict)
     svc_ev = rcmp * recompute  # per turn, in the prefill queue (a prefill worker's or a mixed one's)
     lat_ev = svc_ev + np.where(s.dis, evict * m_ctx * s.xfer, 0.0)  # per turn, on its critical path
-    return SimpleNamespace(flat=flat, ws=ws, Dn_s=Dn_s, E_s=E_s, Cd_s=Cd_s, K_s=K_s, Ts=Ts, own_s=own_s, burst_s=burst_s,
+    return SimpleNamespace(flat=flat, rowoff=s.rowoff, ws=ws, Dn_s=Dn_s, E_s=E_s, Cd_s=Cd_s, K_s=K_s, Ts=Ts, own_s=own_s, burst_s=burst_s,
                            ps=ps, dt=dt, S_w=S_w, S_k=S_k, S_z=S_z, oth=oth, B=B, B_run=np.minimum(B, engine.max_num_seqs), ctx=ctx, own_ctx=own_ctx,
                            kv_slow=kv_slow, evict=evict, svc_ev=svc_ev, lat_ev=lat_ev)
 
@@ -275,23 +300,24 @@ def _rates(s: SimpleNamespace, g: SimpleNamespace, b_ref, ctx_ref) -> SimpleName
     """The step times over the segments `g` (decode, stretched by the mates' prefill chunks when
     colocated), the prefill queue's wait, and each rep's new T (sorted order) with τ_h. Updates the
     colocated rows of `s.own` (a turn's own mixed-step cost) in place."""
-    cf, cc, dis, mate, ic = s.cf, s.cc, s.dis, s.mate, s.ic
-    ev_x, ev_a, ev_w = s.ev_x, s.ev_a, s.ev_w
+    cf, cc, dis, mate, ic, ev_w = s.cf, s.cc, s.dis, s.mate, s.ic, s.ev_w
     B, ctx, kv_slow, svc_ev, lat_ev, oth, S_w = g.B, g.ctx, g.kv_slow, g.svc_ev, g.lat_ev, g.oth, g.S_w
     tau_d, membound = _step(cf, B / kv_slow, ctx / kv_slow, parts=True)
-    kappa = np.where((cf.sum > 0) | membound, cf.b_kv / cf.byte_rate, 0.0) + np.where(
-        (cf.sum > 0) | ~membound, cf.a_pair / cf.flop_rate, 0.0)  # own context, per token per step
+    kappa = (np.where((cf.sum > 0) | membound, cf.kv_read, 0.0) + np.where((cf.sum > 0) | ~membound, cf.attn_flop, 0.0)
+             if cf.any_sum else np.where(membound, cf.kv_read, cf.attn_flop))  # own context, per token per step
     nu = g.S_k * oth  # the others' turns per second
     stretch, d_mean = np.ones((s.C, s.N)), np.zeros((s.C, 1))
     if ic.size:  # colocated: the mates' chunks lengthen the mixed steps (at the event-weighted batch)
-        d_e = _step(cc, b_ref, ctx_ref, ev_x, ev_a) - _step(cc, b_ref, ctx_ref)
-        d_mean[ic] = (d_e * ev_w).sum(1, keepdims=True)
-        s.own[ic] = np.add.reduceat(d_e * s.ev_m, s.starts, axis=1)
+        mixed = _step(cc, b_ref, ctx_ref, s.chunks)
+        dec = mixed[:, -1:] if (b_ref > 0).all() else _step(cc, b_ref, ctx_ref)  # (the same where B > 0)
+        d_e = mixed[:, :ev_w.size] - dec
+        dm = (d_e * ev_w).sum(1, keepdims=True)
+        s.own[ic] = own = np.add.reduceat(d_e * s.ev_m, s.starts, axis=1)
         if not s.steady:  # the first prompts are prefilled in the burst at t=0, not over the lives
-            w = s.per_rep[0]
-            d_first = _step(cc, b_ref, ctx_ref, s.prompt, s.prompt ** 2 / 2) - _step(cc, b_ref, ctx_ref)
-            d_mean[ic] *= 1 - (w * d_first).sum(1, keepdims=True) / np.maximum((w * s.own[ic]).sum(1, keepdims=True), 1e-12)
-        stretch[ic] = 1 / (1 - np.minimum(nu[ic] * mate[ic] * (d_mean[ic] + svc_ev[ic]), 0.95))
+            w, d_first = s.per_rep[0], mixed[:, ev_w.size:-1] - dec
+            dm = dm * (1 - (w * d_first).sum(1, keepdims=True) / np.maximum((w * own).sum(1, keepdims=True), 1e-12))
+        d_mean[ic] = dm
+        stretch[ic] = 1 / (1 - np.minimum(nu[ic] * mate[ic] * (dm + svc_ev[ic]), 0.95))
     # The prefill queue (prefill workers, or a mixed worker's chunks) as a closed network: n
     # trajectories per server, each back after Z s of thinking, service s. Schweitzer's MVA gives
     # the residence R: R(Z + R) = s(Z + R) + s(n-1)R, light load R ~ s, saturation R ~ n·s - Z.
@@ -303,7 +329,7 @@ def _rates(s: SimpleNamespace, g: SimpleNamespace, b_ref, ctx_ref) -> SimpleName
     omega = np.where(dis, tau_d / 2, tau_d) + wq + lat_ev
     tau_e = tau_d * kv_slow * stretch
     dt, Ts = g.dt, g.Ts
-    I_inv, I_om = np.cumsum(np.stack([dt / tau_e, omega * dt]), axis=2)
+    I_inv, I_om = np.cumsum(np.array([dt / tau_e, omega * dt]), axis=2)
     th_s = Ts / I_inv  # harmonic mean of the step time over each one's life
     # The first prompts' burst is the queue's first wait: a first turn waits the longer of the two, not both.
     fixed = g.E_s + g.own_s - np.minimum(g.burst_s, wq[:, :1])
@@ -317,19 +343,22 @@ def _progress(g: SimpleNamespace, fixed, tau, kap, omega, wq) -> tuple[np.ndarra
     environment and own prefill spread over its turns, the turn's waits), so it ends where
     Σ dt/c_j reaches K_j (past the last segment, at its pace). Where the waits are long early (a
     saturated queue) and short late, its turns crowd into the late segments, not spread evenly."""
-    K = np.maximum(g.K_s, 1e-9)[:, :, None]
-    cyc = ((g.Dn_s[:, :, None] * tau[:, None, :] + g.Cd_s[:, :, None] * kap[:, None, :] + fixed[:, :, None]) / K
-           + omega[:, None, :])
+    (C, N), K = g.Ts.shape, np.maximum(g.K_s, 1e-9)
+    K3 = K[:, :, None]
+    cyc = (g.Dn_s[:, :, None] * tau[:, None, :] + g.Cd_s[:, :, None] * kap[:, None, :] + fixed[:, :, None]) / K3 + omega[:, None, :]
     prog = np.cumsum(g.dt[:, None, :] / cyc, axis=2)
-    m = np.minimum((prog < K).sum(2, keepdims=True), cyc.shape[2] - 1)  # the segment it ends in (or the last)
-    at = lambda x: np.take_along_axis(x, m, axis=2)[:, :, 0]  # noqa: E731
+    m = np.minimum((prog < K3).sum(2), N - 1)  # the segment it ends in (or the last)
+    at = m + np.arange(0, C * N * N, N).reshape(C, N)  # (flat indices of those cells)
+    end = g.Ts.take(m + g.rowoff) - (prog.take(at) - K) * cyc.take(at)
     # Its turns per segment (those left past the last segment run at its pace), so its mean wait per
     # turn is weighted by where its turns are, not by time: crowded late, they wait little.
-    done = np.minimum(prog, K)
-    n = np.diff(done, axis=2, prepend=0.0)
-    n[:, :, -1] += K[:, :, 0] - done[:, :, -1]
-    wait = (n * wq[:, None, :]).sum(2) / K[:, :, 0]
-    return np.take_along_axis(g.Ts, m[:, :, 0], axis=1) - (at(prog) - K[:, :, 0]) * at(cyc), wait
+    done = np.minimum(prog, K3, out=prog)
+    n = np.empty((C, N, N))
+    np.subtract(done.ravel()[1:], done.ravel()[:-1], out=n.ravel()[1:])  # (all rows at once; their first cells next)
+    n[:, :, 0] = done[:, :, 0]
+    n[:, :, -1] += K - done[:, :, -1]
+    n *= wq[:, None, :]
+    return end, n.sum(2) / K
 
 
 def _spread(s: SimpleNamespace, g: SimpleNamespace, r: SimpleNamespace, T, tau_h, iters: int) -> dict:
@@ -351,12 +380,11 @@ def _spread(s: SimpleNamespace, g: SimpleNamespace, r: SimpleNamespace, T, tau_h
     G = np.cumsum(fp / tau_e ** 2 * dt, axis=1)
     y, y2 = ws * ps * G, ws * (ps * G) ** 2
     w_o = np.maximum(n_all - ws, 1e-9)
-    below1, below2 = np.cumsum(np.stack([y, y2]), axis=2) - np.stack([y, y2])
-    above1, above2 = np.cumsum(np.stack([ws * ps, ws * ps ** 2])[:, :, ::-1], axis=2)[:, :, ::-1] - np.stack(
-        [ws * ps, ws * ps ** 2])
+    below1, below2 = np.cumsum(yy := np.stack([y, y2]), axis=2) - yy
+    above1, above2 = np.cumsum((pp := np.stack([ws * ps, ws * ps ** 2]))[:, :, ::-1], axis=2)[:, :, ::-1] - pp
     e1, e2 = (below1 + G * above1) / w_o, (below2 + G ** 2 * above2) / w_o
     m = mate * (n_all - 1)
-    var = np.maximum(e2 - e1 ** 2, 0.0) * m * np.clip((n_all - 1 - m) / max(n_all - 2, 1.0), 0.0, 1.0)
+    var = np.maximum(e2 - e1 ** 2, 0.0) * m * np.minimum(np.maximum((n_all - 1 - m) / max(n_all - 2, 1.0), 0.0), 1.0)
     sigma, om = np.empty(C * N), np.empty(C * N)
     sigma[flat], om[flat] = (_REBALANCE * Dn_s * th_s ** 2 / Ts * np.sqrt(var)).ravel(), r.I_om.ravel()
     return dict(T=T, sigma=sigma.reshape(C, N), iters=iters, concurrency=(g.B_run * dt).sum(1) / Ts[:, -1], tau_h=tau_h,

@@ -1,5 +1,6 @@
 """The batch-completion predictor's geometry and the batch's end (`pearl.control.predictor`): the
-share of prefill/decode worker pairs on one node, and the E[max] of the completion times.
+share of prefill/decode worker pairs on one node, the prefill workers' model at a tp of their own
+(`_with_tp`), the E[max] of the completion times and the critical trajectory's terms (`_critical_path`).
 
 What it must not do: simulate events, own time, or import torch, Ray, asyncio or `time`.
 """
@@ -11,7 +12,10 @@ import numpy as np
 from scipy.special import ndtr
 
 from pearl.control.predictor_core import BatchReps
+from pearl.perf.roofline import PerfModel
 from pearl.types import LayoutShape, Mode, Role
+
+_PHI_ONE, _PHI_ZERO = 8.5, -40.0  # ndtr(z) is exactly 1.0 at z >= 8.5 and exactly 0.0 at z <= -40
 
 
 # ------------------------------------------------------------------ geometry and the batch's end
@@ -70,11 +74,41 @@ def _expected_max(T: np.ndarray, sigma: np.ndarray, reps: BatchReps, points: int
     Tk, sk = np.take_along_axis(T, idx, axis=1), np.take_along_axis(sigma, idx, axis=1)
     grid = lo[:, None] + (np.max(Tk + 6 * sk, axis=1) - lo)[:, None] * np.linspace(0.0, 1.0, points)[None, :]
     z = (grid[:, :, None] - Tk[:, None, :]) / np.maximum(sk[:, None, :], 1e-12)
-    phi = np.where(sk[:, None, :] > 0, ndtr(z), (z >= 0).astype(float))
+    # Φ(z) where the spread is nonzero (a step where it is 0); Φ is exactly 1 from z ≈ 8.3 on and
+    # exactly 0 below z ≈ -37.7 in double precision, so it is evaluated only in between (NaN too).
+    pos = sk[:, None, :] > 0
+    phi = (z >= np.where(pos, _PHI_ONE, 0.0)).astype(float)
+    mid = pos & ~((z >= _PHI_ONE) | (z <= _PHI_ZERO))
+    phi[mid] = ndtr(z[mid])
     at = int(known.sum())
     log_g = np.log(np.maximum(phi[:, :, :at], 1e-300)).sum(axis=2)
     for n, below, k in lows:
         mix = below[:, None] + (phi[:, :, at:at + k] * reps.q[idx[:, at:at + k]][:, None, :]).sum(axis=2)
-        log_g += n * np.log(np.clip(mix, 1e-300, 1.0))
+        log_g += n * np.log(np.minimum(np.maximum(mix, 1e-300), 1.0))
         at += k
     return lo + np.trapezoid(1.0 - np.exp(log_g), grid, axis=1)
+
+
+def _critical_path(reps: BatchReps, r: dict, i: int | np.ndarray,
+                   j: int | np.ndarray) -> dict[str, float] | list[dict[str, float]]:
+    """Representative j's time under candidate row i of a solve `r`, by term (environment, decode,
+    prefill); its own-context reads ride with decode. With arrays i, j: a list, one per pair."""
+    wk = reps.work
+    env, dec, pre = wk["E"][j], wk["Dn"][j] * r["tau_h"][i, j], r["own"][i, j] + wk["K"][j] * r["omega"][i, j]
+    dec = dec + np.maximum(r["T"][i, j] - (env + dec + pre), 0.0)
+    if np.ndim(j):
+        return [dict(env=e, decode=d, prefill=p) for e, d, p in zip(env.tolist(), dec.tolist(), pre.tolist())]
+    return dict(env=float(env), decode=float(dec), prefill=float(pre))
+
+
+_DERIVED: dict[tuple[int, int], tuple[PerfModel, PerfModel]] = {}
+
+
+def _with_tp(pm: PerfModel, tp: int) -> PerfModel:
+    """`pm` at another tp, built once per (model, tp) (the model is kept, so its id is not reused)."""
+    if pm.tp == tp:
+        return pm
+    hit = _DERIVED.get((id(pm), tp))
+    if hit is None or hit[0] is not pm:
+        hit = _DERIVED[(id(pm), tp)] = (pm, pm.with_tp(tp))
+    return hit[1]
