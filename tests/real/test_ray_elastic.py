@@ -163,7 +163,7 @@ def _wait_for(pred, timeout, what):
         time.sleep(0.2)
 
 
-def test_a_node_without_the_token_is_refused_and_gets_nothing(head, tmp_path):
+def test_a_node_without_the_token_is_refused_and_gets_nothing(head, tmp_path):  # noqa: F811 - the imported fixture
     address, token = head
     # a token, but not the cluster's: the head refuses it (no token at all is refused by `ray start` itself)
     env = _env(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=secrets.token_hex(32), RAY_gcs_server_port_wait_time_s="2")
@@ -239,7 +239,7 @@ print(json.dumps({"node": nid, "before": before, "draining": {k: (v - time.time(
 """
 
 
-def test_a_drained_node_is_seen_with_its_deadline(head, tmp_path):
+def test_a_drained_node_is_seen_with_its_deadline(head, tmp_path):  # noqa: F811 - the imported fixture
     """The cluster-side half of a drain notice (the run-side half: test_node_watch.py, and the slow
     run below): `ray drain-node` with a deadline shows in `draining_nodes()` for that node."""
     address, token = head
@@ -261,7 +261,7 @@ def test_a_drained_node_is_seen_with_its_deadline(head, tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("leaves", ["killed", "stopped", "drained"])
-def test_a_ray_node_joining_and_leaving_mid_run_is_used_then_revoked(head, tmp_path, leaves):
+def test_a_ray_node_joining_and_leaving_mid_run_is_used_then_revoked(head, tmp_path, leaves):  # noqa: F811 - the imported fixture
     """The node is killed (SIGKILL of its processes: a revocation without notice, its turns resume from
     their tokens), stopped (SIGTERM: Ray drains the node for RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S = 1 s
     before it goes, which the run sees as a notice with a 1 s deadline), or drained first (`ray
