@@ -301,3 +301,17 @@ def test_the_decode_side_holds_at_least_its_decoders_contexts():
     No idle session was then evicted, none recomputed, and the cell was under-predicted by 21%."""
     truth, pred = _one_batch("swe", LayoutShape.disaggregated(2, 6, 1))
     assert pred(BatchState.fresh(512)) == pytest.approx(truth, rel=0.15)
+
+
+def test_each_weight_push_pauses_the_batch_by_the_slowest_workers_sync():
+    """A pipeline of (η+1)·B trajectories sees one weight push per batch trained, each pausing every
+    worker for its own sync (the shard a rank receives: shorter at a larger tp). On game at 8 devices
+    a push at tp 1 is ~5% of a batch's time (`predictor_accuracy.py --pipeline`: 6.64% -> 5.91%)."""
+    st = stats("game")
+    for shape in (LayoutShape.colocated(8, 1), LayoutShape.colocated(1, 8), LayoutShape.disaggregated(2, 6, 1)):
+        pm = Q8.with_tp(shape.tp)
+        base = predict(shape, pm, ENGINE, st, BatchState.fresh(512)).completion_s
+        pushed = predict(shape, pm, ENGINE, st, BatchState(n_fresh=512, syncs=2))
+        assert pushed.completion_s == pytest.approx(base + 2 * pm.weight_sync_time(), rel=1e-9), shape
+        assert pushed.tokens_per_s < predict(shape, pm, ENGINE, st, BatchState.fresh(512)).tokens_per_s
+    assert Q8.with_tp(8).weight_sync_time() < Q8.weight_sync_time()

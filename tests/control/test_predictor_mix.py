@@ -75,3 +75,11 @@ def test_the_bottleneck_is_read_off_the_critical_trajectory():
     got = predict_two_kinds([KindPart(8, H800), KindPart(8, H20)], EngineConfig(), _stats("search"), B)
     path = got.breakdown["critical_path"]
     assert set(path) == {"env", "decode", "prefill"} and got.bottleneck == max(path, key=path.get)
+
+
+def test_a_weight_push_pauses_both_kinds_and_the_slower_sync_decides():
+    st, tp2 = _stats("search"), H800.with_tp(2)
+    parts = [KindPart(6, H800), KindPart(4, tp2)]
+    base = predict_two_kinds(parts, EngineConfig(), st, B, share=0.6)
+    pushed = predict_two_kinds(parts, EngineConfig(), st, BatchState(n_fresh=128, syncs=3), share=0.6)
+    assert pushed.completion_s == pytest.approx(base.completion_s + 3 * H800.weight_sync_time(), rel=1e-9)

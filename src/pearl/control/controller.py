@@ -87,9 +87,10 @@ class Controller(Lending):
         self.costs = TransitionCosts(flip_s=k.flip_s, migrate_request_s=base.kv_transfer_time(k.migrate_tokens, False),
                                      start_s=base.weight_transfer_time("peer") + k.wake_s, stop_s=k.stop_s)
         # In async RL, (η + 1) batches are in flight: the next batch is done when that pipeline drains,
-        # so that is the batch whose completion we predict (a lone batch is set by its slowest member).
+        # so that is the batch whose completion we predict (a lone batch is set by its slowest member),
+        # with a weight push per batch trained meanwhile (a cap on trajectories in flight: `_recap`).
         self.pipeline = (setting.staleness + 1) * setting.batch_size
-        self.batch = BatchState.fresh(self.pipeline)  # (a cap on trajectories in flight shrinks it: `_recap`)
+        self.batch = BatchState(n_fresh=self.pipeline, syncs=setting.staleness + 1)
         # What the controller is not told: the workload and elastic lifetimes (learned, from a prior)
         self.workload = WorkloadEstimator(k.estimate, setting.stats)
         self.lifetimes = LifetimeEstimator(k.elastic_stay_s, k.estimate.lifetime_prior_weight)
@@ -193,9 +194,8 @@ class Controller(Lending):
         """The cap on trajectories in flight changed: predict the layouts at the concurrency they will
         run at (`cap` in flight, the rest of the pipeline queued behind them: `BatchState.queued`), not
         at the staleness gate's level: the KV a layout needs, and so its ranking, depend on it."""
-        n = min(cap, self.pipeline) if cap is not None else self.pipeline
-        if n != self.batch.size:
-            self.batch = BatchState(n_fresh=n, queued=self.pipeline - n)
+        if (n := min(cap, self.pipeline) if cap is not None else self.pipeline) != self.batch.size:
+            self.batch = replace(self.batch, n_fresh=n, queued=self.pipeline - n)
             self._repredict()
 
     def _repredict(self) -> None:
@@ -313,7 +313,7 @@ class Controller(Lending):
             top = [*sorted(raw, key=lambda x: raw[x].completion_s)[:6], *([cur] if cur in raw else [])]
             for c in self.admission.caps():
                 if c != self.batch.size:
-                    for x, p in at(BatchState(n_fresh=c, queued=self.pipeline - c), top, None).items():
+                    for x, p in at(replace(self.batch, n_fresh=c, queued=self.pipeline - c), top, None).items():
                         raw[x] = min(raw[x], p, key=lambda q: q.completion_s)
         return sorted(((x, replace(p, completion_s=self.refit.corrected(x, p.completion_s))) for x, p in raw.items()),
                       key=lambda x: x[1].completion_s)

@@ -172,11 +172,14 @@ class TrajectoryProgress:
 class BatchState:
     """What is left of the batch: `n_fresh` trajectories not started (lengths unknown) plus those in
     flight, and `queued` more admitted one as each of them finishes (a cap on trajectories in flight:
-    `size` is the cap's worth, the whole batch `size + queued`)."""
+    `size` is the cap's worth, the whole batch `size + queued`). `syncs` weight pushes land while it
+    runs (one per training step: η + 1 in a pipeline of (η + 1)·B), each pausing every worker for its
+    own sync (`PerfModel.weight_sync_time`): the batch ends the slowest worker's syncs later."""
 
     n_fresh: int = 0
     trajectories: tuple[TrajectoryProgress, ...] = ()
     queued: int = 0
+    syncs: int = 0
 
     @staticmethod
     def fresh(n: int) -> BatchState:
@@ -357,6 +360,9 @@ def predict_many(shapes: Sequence[LayoutShape], perfs: Sequence[PerfModel], engi
         cv2 = (w * ((run["T"] - steady_T[:, None]) ** 2 + run["sigma"] ** 2)).sum(1) / w.sum() / steady_T ** 2
         comp = comp + np.maximum(batch.queued / w.sum() + (1 - cv2) / 2, 0.0) * steady_T
         gen = gen * (1 + batch.queued / w.sum())
+    if batch.syncs:
+        comp = comp + batch.syncs * np.maximum([pm.weight_sync_time() for pm in perfs],
+                                               [pm.weight_sync_time() for pm in prefill_perfs])
     rows = np.arange(len(shapes))
     crit = np.argmin(np.abs(T - end[:, None]), axis=1)  # the critical trajectory: the one ending nearest
     cols = (x.tolist() for x in (comp, run["concurrency"], T[rows, crit], r["sigma"][rows, crit], mean_T, run["evict"]))

@@ -127,6 +127,7 @@ def predict_two_kinds(parts: Sequence[KindPart], engine: EngineConfig, stats: Wo
         st = solve(a, steady=True)["T"]
         rate = alpha * n / ((w * st[0]).sum() / n) + (1 - alpha) * n / ((w * st[1]).sum() / n)
         comp, gen = comp + batch.queued / rate, gen * (1 + batch.queued / n)
+    comp += batch.syncs * max(pm.weight_sync_time() for pm in [*(p.perf for p in parts), *([pre] if dis else [])])
     # decode concurrency per worker, over both kinds (each part's is per worker already)
     conc = float(sum(p.workers * c for p, c in zip(parts, r["concurrency"])) / sum(p.workers for p in parts))
     mean_T = [(w * r["T"][k]).sum() / n for k in range(2)]
