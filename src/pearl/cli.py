@@ -170,6 +170,8 @@ def _print_result(r: dict[str, Any]) -> None:
         ("utilisation by pool", ", ".join(f"{k} {v:.0%}" for k, v in r["utilisation"]["by_pool"].items())),
         ("decode concurrency / active trajectories",
          f"{r['decode_concurrency']['per_decode_worker']:.1f} / {r['decode_concurrency']['active_trajectories']:.1f}"),
+        ("a trained trajectory's gate slot (s): generating / group / batch / training",
+         " / ".join(f"{r['gate_slot_s'][k]:.1f}" for k in ("generating", "group_wait", "batch_wait", "training"))),
         ("staleness histogram", str(r["staleness_histogram"])),
         ("switches / migrated requests", f"{r['reconfiguration']['switches']} / {r['reconfiguration']['migrated_requests']}"),
         ("final layout", r["layout_final"]),

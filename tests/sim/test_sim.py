@@ -209,3 +209,37 @@ def test_a_layout_runs_the_same_whatever_tp_the_config_names(monkeypatch, shape)
     assert configured["train_steps"] >= 3
     assert [s["t_ready"] for s in reached["per_step"]] == [s["t_ready"] for s in configured["per_step"]]
     assert reached["throughput"] == configured["throughput"]
+
+
+class TrainedAt(Simulator):
+    """Records each trained trajectory's admission, finish, group-ready and training start and end."""
+
+    def __init__(self, cfg):
+        super().__init__(cfg)
+        self.rows: list[tuple[int, float, float, float, float, float]] = []
+
+    def _train_start(self, batch, t_ready):
+        super()._train_start(batch, t_ready)
+        s = self.steps[-1]
+        for g in batch:
+            ready = max(tr.t_end for tr in g.trajs)
+            self.rows += [(s["step"], tr.t_start, tr.t_end, ready, s["t_start"], s["t_end"]) for tr in g.trajs]
+
+
+@pytest.mark.parametrize("group", [1, 4])
+def test_a_trained_trajectorys_gate_slot_is_split_into_generating_group_batch_and_training(group):
+    """The staleness gate holds a trajectory's slot from admission until it is trained: the result says
+    where that time went (`gate_slot_s`), over the steady state's steps. Groups of one never wait for
+    a mate."""
+    sim = TrainedAt(config({"rl": {"group_size": group, "prompts_per_batch": 16 // group}}))
+    r = sim.run()
+    steady = {s["step"] for s in r["per_step"][1:]}
+    rows = [x for x in sim.rows if x[0] in steady]
+    mean = lambda f: sum(f(*x[1:]) for x in rows) / len(rows)  # noqa: E731
+    got = r["gate_slot_s"]
+    assert got["generating"] == pytest.approx(mean(lambda a, e, g, s, t: e - a), abs=2e-3)
+    assert got["group_wait"] == pytest.approx(mean(lambda a, e, g, s, t: g - e), abs=2e-3)
+    assert got["batch_wait"] == pytest.approx(mean(lambda a, e, g, s, t: s - g), abs=2e-3)
+    assert got["training"] == pytest.approx(mean(lambda a, e, g, s, t: t - s), abs=2e-3)
+    assert min(got.values()) >= 0 and got["generating"] > 0
+    assert (got["group_wait"] == 0) == (group == 1)

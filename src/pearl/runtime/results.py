@@ -98,6 +98,7 @@ def collect(sim: Any) -> dict[str, Any]:
             "per_decode_worker": _r(decode_batch_s / decode_workers_s, 3) if decode_workers_s else 0.0,
             "active_trajectories": _r(sim.active_integral / T, 3),
         },
+        "gate_slot_s": _slot(done[1:]),
         "staleness_histogram": {str(k): v for k, v in sorted(sim.staleness_hist.items())},
         "reconfiguration": {"migrated_requests": sim.migrated, "recomputed_tokens": sim.recomputed_tokens,
                             "preemptions": sum(e.preemptions for e in sim.all_engines),
@@ -108,6 +109,15 @@ def collect(sim: Any) -> dict[str, Any]:
         "events": sim.clock.events_run,
         "decisions": sim.driver.decisions,
     }
+
+
+def _slot(steps: list[dict[str, Any]]) -> dict[str, float]:
+    """A trained trajectory's time at the staleness gate, averaged over the steady state's steps: the
+    gate holds its slot while it generates, waits for its group, for the batch and the trainer's start
+    (`sim_trainer.slot_split`), and trains (a running pipeline holds fewer than (η+1)·B generating)."""
+    n = max(1, sum(s["trajectories"] for s in steps))
+    keys = {"generating": "generating_s", "group_wait": "group_wait_s", "batch_wait": "batch_wait_s", "training": "train_s"}
+    return {k: _r(sum(s[v] * s["trajectories"] for s in steps) / n, 3) for k, v in keys.items()}
 
 
 def save(result: dict[str, Any], path: str | Path) -> Path:

@@ -16,7 +16,7 @@ from pearl.rl.trajectory import Group
 from pearl.runtime.sim_records import SimTrajectory
 from pearl.types import WorkerPhase
 
-__all__ = ["SimTrainer", "twin_coeffs", "twin_workload"]
+__all__ = ["SimTrainer", "slot_split", "twin_coeffs", "twin_workload"]
 
 TRAIN_PIECES = 16  # a shared executor's training step advances in this many pieces
 
@@ -33,6 +33,18 @@ def twin_coeffs(twin: Any) -> PerfCoeffs:
         return PerfCoeffs(**twin.engine_coeffs)
     except (TypeError, ValueError) as e:
         raise ConfigError(f"scenario: field 'twin.engine_coeffs': {one_line(str(e))}") from None
+
+
+def slot_split(batch: list[Group], t_train: float) -> dict[str, float]:
+    """Where the trajectories of a batch whose training starts at `t_train` spent their slot at the
+    staleness gate (it counts a trajectory from its admission until it is trained), on average:
+    generating (admitted to finished), waiting for its group's slowest member, then for the batch to
+    fill and the trainer (its devices) to start."""
+    n = max(1, sum(len(g.trajs) for g in batch))
+    ready = [(g, max(tr.t_end for tr in g.trajs)) for g in batch if g.trajs]
+    return dict(generating_s=sum(tr.t_end - tr.t_start for g, _ in ready for tr in g.trajs) / n,
+                group_wait_s=sum(r - tr.t_end for g, r in ready for tr in g.trajs) / n,
+                batch_wait_s=sum((t_train - r) * len(g.trajs) for g, r in ready) / n)
 
 
 def twin_workload(twin: Any) -> Any:
@@ -111,7 +123,7 @@ class SimTrainer:
         idle = t_ready - self.trainer_idle_since
         self.steps.append(dict(step=len(self.steps) + 1, t_ready=t_ready, t_start=t, t_end=t + dur,
                                train_s=dur, trainer_idle_s=idle, device_wait_s=t - t_ready,
-                               trajectories=len(trajs), tokens=tokens,
+                               trajectories=len(trajs), tokens=tokens, **slot_split(batch, t),
                                max_staleness=max(self.version - tr.min_version for tr in trajs)))
         if self.cfg.twin is None or not self.cfg.twin.shared:
             self.clock.at(t + dur, self._train_end, trajs)
