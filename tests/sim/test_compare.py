@@ -44,7 +44,8 @@ def test_tune_keeps_the_best_trial_and_returns_its_configuration():
     t = tune(cfg, "fixed", extra={"policy": {"name": "fixed"}}, jobs=1)
     best_label, best_thr = t.trials[0]
     assert best_label == t.knobs.label() and best_thr == max(x for _, x in t.trials)
-    assert len(t.trials) == len(candidates(cfg, "fixed")) + 2  # the layouts, then two caps on the best
+    n_tps = len({k.tp for k in candidates(cfg, "fixed")})
+    assert len(t.trials) == n_tps + 2 * min(2, n_tps)  # the layouts, then two caps on each of the 2 best
     assert t.cfg.engine.tp == t.knobs.tp and t.cfg.rl.max_concurrent_trajectories == t.knobs.cap
     assert t.cfg.seed == cfg.seed and t.cfg.duration_s == cfg.duration_s  # tuned on a held-out, shorter run
 
@@ -175,9 +176,25 @@ def test_pruned_tuning_tries_fewer_runs_and_finds_the_exhaustive_winner_on_a_sma
     cfg = small(cluster=dict(hardware="h800", rollout_devices=8, train_devices=2), policy=dict(per_role_tp=True))
     pruned = tune(cfg, "static-pd", extra={"policy": {"name": "static-pd"}}, jobs=1)
     full = tune(cfg, "static-pd", extra={"policy": {"name": "static-pd"}}, jobs=1, prune=False)
-    assert len(full.trials) == len(candidates(cfg, "static-pd")) + 2
+    n_tps = len({k.tp for k in candidates(cfg, "static-pd")})
+    assert len(full.trials) == len(candidates(cfg, "static-pd")) + 2 * min(2, n_tps)
     assert len(pruned.trials) < len(full.trials)
     assert pruned.knobs == full.knobs and pruned.trials[0] == full.trials[0]  # the same short run wins
+
+
+def test_a_cap_that_makes_the_runner_up_tp_the_best_is_found(monkeypatch):
+    """The caps are tried on the best layout of each of the two best tps: a tp second without a cap
+    but first with one wins (the 30B swe paper cell's tuning miss)."""
+    from pearl.runtime import tuning
+
+    cfg = small(cluster=dict(hardware="h800", rollout_devices=8, train_devices=2))
+    score = lambda k: {1: 3.0, 2: 2.9, 4: 1.0, 8: 0.5}[k.tp] + (0.5 if k.tp == 2 and k.cap else 0.0)  # noqa: E731
+    monkeypatch.setattr(tuning, "_trials", lambda cfg, base, cs, ex: sorted(
+        ((k.label(), score(k), (k, n)) for k, n in cs), key=lambda x: -x[1]))
+    monkeypatch.setattr(tuning, "tune_duration", lambda cfg: 300.0)
+    t = tune(cfg, "fixed", extra={"policy": {"name": "fixed"}}, jobs=1)
+    assert t.knobs.tp == 2 and t.knobs.cap is not None
+    assert {lab.split()[0] for lab, _ in t.trials if not lab.endswith("cap none")} == {"tp1", "tp2"}
 
 
 @pytest.mark.parametrize("elastic", [True, False])

@@ -13,7 +13,10 @@ comparison reports) and keeps the one with the highest steady-state trajectories
 the predictor: the predictor is PEARL's own model, and a baseline tuned by it would inherit its errors.
 The search is coarse to fine (`search`): stage 1 one layout per tp (colocated; for `static-pd` its
 middle P:D ratio), stage 2 every layout (P:D ratios, per-role tp pairs by their decode tp) of the 2
-best tps, stage 3 the caps on the best layout. `prune=False`: every candidate, then the caps (the exhaustive search;
+best tps, stage 3 the caps on the best layout of each of the 2 best tps (`CAP_TPS`: on the
+Qwen3-30B-A3B 8 : 8 swe paper cell the best uncapped tp, 1, ran 0.3413 traj/s on the tuning seed with
+a cap of 256, tp 4 with it 0.3573, and the caps tried on the best layout alone missed it).
+`prune=False`: every candidate, then the caps (the exhaustive search;
 `benchmarks/tuning_pruning.py` measures what pruning loses).
 
 `bound` (docs/policies.md): the best static configuration for the time-averaged device budget
@@ -49,6 +52,7 @@ TUNE_SEED = 1_000_003  # the seed tuning runs use: held out from every reported 
 TUNE_SHARE = 0.25  # a tuning run simulates this share of the scenario's duration ...
 TUNE_MIN_S = 600.0  # ... but at least this long (virtual seconds), so a few training steps finish,
 TUNE_MIN_STEPS = 6  # ... and doubled (up to the whole run) until the configured layout trains this many
+CAP_TPS = 2  # the caps are tried on the best layout of each of this many best tps
 
 
 @dataclass(frozen=True)
@@ -112,7 +116,7 @@ def ratios(w: int) -> list[int]:
 
 def candidates(cfg: ScenarioConfig, policy: str, devices: int | None = None) -> list[Knobs]:
     """The layouts to try for `policy` on `devices` rollout devices (default: the scenario's), with
-    no cap (`tune` tries the caps on the best layout). `fixed`, `rlboost+`, `roll-partial`:
+    no cap (`tune` tries the caps on the best layouts). `fixed`, `rlboost+`, `roll-partial`:
     colocated at each tp. `static-pd`: each P:D ratio of `ratios` at each tp, and with
     `policy.per_role_tp` at each (prefill tp, decode tp) pair (`pair_ratios`). `bound`: all of them."""
     n = cfg.cluster.rollout_devices if devices is None else devices
@@ -222,6 +226,12 @@ def _share_score(best: dict[tuple[int, int | None], tuple], budget: Budget, tp: 
     return (1 - share) * thr(lo) + share * thr(hi)
 
 
+def _sides(budget: Budget, tp: int) -> list[int]:
+    """The device counts the time-share at `tp` spends time on (`bound_split`)."""
+    lo, hi, share = bound_split(_at(budget, tp), tp)
+    return [n for n, w in ((lo, 1 - share), (hi, share)) if w > 0]
+
+
 def bound_split(budget: float, tp: int) -> tuple[int, int, float]:
     """(devices below, devices above, share of time above): whole tp-workers around `budget`, time-
     shared so that the average is exactly `budget` (free switching makes the share free)."""
@@ -253,17 +263,18 @@ def tune_bound(cfg: ScenarioConfig, budget: Budget, pool: ProcessPoolExecutor | 
     got = search(cfg, base, cands, pool, prune,
                  lambda g: sorted(tps, key=lambda tp: -_share_score(_best_sides(g), budget, tp)))
     best = _best_sides(got)
+    top = sorted(tps, key=lambda tp: -_share_score(best, budget, tp))[:CAP_TPS]
+    caps = [(replace(best[(tp, n)][2][0], cap=c), n) for tp in top for n in _sides(budget, tp) if (tp, n) in best
+            for c in _caps(cfg) if c is not None]  # the caps on each side's best layout, at the best tps
+    got = sorted(got + _trials(cfg, base, caps, pool), key=lambda x: -x[1])
+    best = _best_sides(got)
     tp = max(tps, key=lambda tp: _share_score(best, budget, tp))
     lo, hi, share = bound_split(_at(budget, tp), tp)
     sides, labels = [], []
     for n, w in ((lo, 1 - share), (hi, share)):
         if w <= 0 or (tp, n) not in best:  # no time there, or below one worker (nothing runs)
             continue
-        k0 = best[(tp, n)][2][0]
-        caps = [(Knobs(k0.tp, c, k0.prefill, k0.decode, k0.prefill_tp), n) for c in _caps(cfg) if c is not None]
-        capped = _trials(cfg, base, caps, pool)
-        got += capped
-        k, _ = sorted([best[(tp, n)]] + capped, key=lambda x: -x[1])[0][2]
+        k = best[(tp, n)][2][0]
         sides.append((configure(cfg, deep_merge(extra, k.overrides(n))), w))
         labels.append(f"{w:.0%} of the time {n} devices {k.label()}")
     return Bound(tp, sides, " + ".join(labels), _at(budget, tp), [(lab, thr) for lab, thr, _ in sorted(got, key=lambda x: -x[1])])
@@ -285,9 +296,9 @@ def tune(cfg: ScenarioConfig, policy: str, *, devices: int | None = None, extra:
     ex = ProcessPoolExecutor(jobs) if own else pool
     try:
         got = search(cfg, base, cands, ex, prune, lambda g: list(dict.fromkeys(x[2][0].tp for x in g)))
-        k0, n0 = got[0][2]
-        caps = [(Knobs(k0.tp, c, k0.prefill, k0.decode, k0.prefill_tp), n0) for c in _caps(cfg) if c is not None]
-        got = sorted(got + _trials(cfg, base, caps, ex), key=lambda x: -x[1])  # the caps on the best layout
+        tops = list(_best_sides(got).values())[:CAP_TPS]  # the best layout of each of the best tps
+        caps = [(replace(t[2][0], cap=c), t[2][1]) for t in tops for c in _caps(cfg) if c is not None]
+        got = sorted(got + _trials(cfg, base, caps, ex), key=lambda x: -x[1])
         k1, n1 = got[0][2]
         if policy == "rlboost+" and cfg.cluster.elastic.kind != "none":  # its side tp, on the best
             sides = [(replace(k1, side_tp=t), n1) for t in valid_tps(cfg) if t < k1.tp and k1.tp % t == 0]
