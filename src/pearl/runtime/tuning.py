@@ -226,10 +226,10 @@ def _share_score(best: dict[tuple[int, int | None], tuple], budget: Budget, tp: 
     return (1 - share) * thr(lo) + share * thr(hi)
 
 
-def _sides(budget: Budget, tp: int) -> list[int]:
-    """The device counts the time-share at `tp` spends time on (`bound_split`)."""
+def _sides(budget: Budget, tp: int) -> list[tuple[int, float]]:
+    """(devices, share of time) of each side the time-share at `tp` spends time on (`bound_split`)."""
     lo, hi, share = bound_split(_at(budget, tp), tp)
-    return [n for n, w in ((lo, 1 - share), (hi, share)) if w > 0]
+    return [(n, w) for n, w in ((lo, 1 - share), (hi, share)) if w > 0]
 
 
 def bound_split(budget: float, tp: int) -> tuple[int, int, float]:
@@ -264,15 +264,14 @@ def tune_bound(cfg: ScenarioConfig, budget: Budget, pool: ProcessPoolExecutor | 
                  lambda g: sorted(tps, key=lambda tp: -_share_score(_best_sides(g), budget, tp)))
     best = _best_sides(got)
     top = sorted(tps, key=lambda tp: -_share_score(best, budget, tp))[:CAP_TPS]
-    caps = [(replace(best[(tp, n)][2][0], cap=c), n) for tp in top for n in _sides(budget, tp) if (tp, n) in best
+    caps = [(replace(best[(tp, n)][2][0], cap=c), n) for tp in top for n, _ in _sides(budget, tp) if (tp, n) in best
             for c in _caps(cfg) if c is not None]  # the caps on each side's best layout, at the best tps
     got = sorted(got + _trials(cfg, base, caps, pool), key=lambda x: -x[1])
     best = _best_sides(got)
     tp = max(tps, key=lambda tp: _share_score(best, budget, tp))
-    lo, hi, share = bound_split(_at(budget, tp), tp)
     sides, labels = [], []
-    for n, w in ((lo, 1 - share), (hi, share)):
-        if w <= 0 or (tp, n) not in best:  # no time there, or below one worker (nothing runs)
+    for n, w in _sides(budget, tp):
+        if (tp, n) not in best:  # below one worker (nothing runs)
             continue
         k = best[(tp, n)][2][0]
         sides.append((configure(cfg, deep_merge(extra, k.overrides(n))), w))
