@@ -28,7 +28,8 @@ LAYERS: list[tuple[str, list[str]]] = [
     ("values", ["pearl.types", "pearl.errors", "pearl.config", "pearl.config_estimate", "pearl.config_admission",
                 "pearl.config_schedule", "pearl.config_layout", "pearl.config_twin", "pearl.config_io"]),
     ("model", ["pearl.perf.*"]),
-    ("bookkeeping", ["pearl.kv.*", "pearl.engine.request", "pearl.engine.scheduler", "pearl.engine.router",
+    ("bookkeeping", ["pearl.kv.*", "pearl.engine.request", "pearl.engine.chunks", "pearl.engine.scheduler",
+                     "pearl.engine.router",
                      "pearl.workloads", "pearl.control.state", "pearl.control.staleness"]),
     # pearl.engine (the package __init__) sits with its highest module, the emulated engine.
     ("engines", ["pearl.engine", "pearl.engine.emulated", "pearl.real.*"]),
