@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import pytest
 
+from pearl.engine.chunks import prefill_attn
 from pearl.engine.emulated import EmulatedEngine
 from pearl.engine.request import Request
 from pearl.types import Role
@@ -63,3 +64,19 @@ def test_a_mixed_worker_prices_its_chunks_the_same_way():
     # no decodes running, so a mixed worker's budget is the whole step's too
     done = run([3 * BUDGET + 100], role=Role.MIXED)
     assert done[1] == pytest.approx(by_hand([3 * BUDGET + 100])[0], rel=1e-6)
+
+
+def test_the_mean_over_a_segment_counts_the_prompts_admitted_behind_the_head():
+    # A head of 24,000 tokens (4,000 already computed: 20,000 to go) and a prompt of 6,000 behind it,
+    # both admitted: 3 steps of 8192, the head filling two and ending in the third, where the second
+    # prompt takes the rest of the step. Priced by hand, step by step.
+    head, nxt = Request(1, "a", 24_000, 1), Request(2, "b", 6_000, 1)
+    head.num_computed = 4_000
+    steps = [BUDGET * (4_000 + BUDGET / 2), BUDGET * (4_000 + BUDGET + BUDGET / 2)]
+    rest = 20_000 - 2 * BUDGET  # the head's last piece
+    steps.append(rest * (4_000 + 2 * BUDGET + rest / 2) + (BUDGET - rest) * (BUDGET - rest) / 2)
+    assert prefill_attn([head, nxt], BUDGET, 3) == pytest.approx(sum(steps) / 3)
+    # a segment cut short (a decode ends first) averages the steps it has: the head's two
+    assert prefill_attn([head, nxt], BUDGET, 2) == pytest.approx(sum(steps[:2]) / 2)
+    # one step: the first step's chunk
+    assert prefill_attn([head, nxt], BUDGET, 1) == pytest.approx(steps[0])
