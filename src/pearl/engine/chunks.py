@@ -10,6 +10,7 @@ What it must not do: touch the engine's state (it reads the admitted requests on
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from itertools import islice
 
 from pearl.engine.request import Request
 
@@ -28,7 +29,7 @@ def prefill_attn(pre: Sequence[Request], chunk: int, k: int) -> float:
     total = chunk * (f * (c0 + chunk / 2) + chunk * f * (f - 1) / 2)
     if f < k:  # (then f = k - 1) the step it ends in: the rest of it, then the next prompts'
         rest = head.pending - f * chunk
-        total += rest * (c0 + f * chunk + rest / 2) + _fifo(list(pre)[1:], chunk - rest)
+        total += rest * (c0 + f * chunk + rest / 2) + _fifo(islice(pre, 1, None), chunk - rest)
     return total / k
 
 
