@@ -144,12 +144,13 @@ def test_the_cap_never_goes_below_one_group():
 
 
 def test_layouts_are_ranked_at_the_capped_concurrency():
-    """s1-swe on 8 devices: with 512 trajectories in flight the predictor ranks 1P:3D@tp2 first; the
-    simulator, with PEARL's cap at 128, runs colocated×2@tp4 20% faster (0.197 vs 0.163 traj/s, seed
-    0, fixed layouts). Once the cap is set the controller predicts at 128 in flight and ranks as the
-    simulator measures (predicting at the gate's level made PEARL flap between the two on s1-swe).
-    Once its admission control has set a cap, it ranks each layout at the cap that layout would
-    settle at, so colocated leads even when the cap is still high (448)."""
+    """s1-swe on 8 devices, colocated×8 against colocated×2@tp4. With all 512 trajectories in flight
+    the predictor ranks colocated×8 first, at most 128 in flight colocated×2@tp4, as the simulator
+    measures (`benchmarks/predictor_accuracy.py`'s swe cells, mean of 2 seeds: 4012 vs 4097 s at 512,
+    2838 vs 2475 s at 128). Once the cap is set the controller predicts at it (predicting at the
+    gate's level made PEARL flap between layouts on s1-swe). Once its admission control has set a
+    cap, it ranks each layout at the cap that layout would settle at, so at 448 it keeps
+    colocated×2@tp4, where a fixed cap of 448 ranks colocated×8 first."""
     from pathlib import Path
 
     from pearl.config import ScenarioConfig, load_config
@@ -157,7 +158,7 @@ def test_layouts_are_ranked_at_the_capped_concurrency():
     from pearl.types import LayoutShape
 
     root = Path(__file__).resolve().parents[2]
-    colo, pd = LayoutShape.colocated(2, 4), LayoutShape.disaggregated(1, 3, 2)
+    narrow, wide = LayoutShape.colocated(2, 4), LayoutShape.colocated(8, 1)
 
     def controller(adapt_cap: bool):
         sim = Simulator(load_config(root / "scenarios" / "s1-swe-qwen3-8b.yaml", ScenarioConfig,
@@ -168,23 +169,23 @@ def test_layouts_are_ranked_at_the_capped_concurrency():
         ctl._repredict()
         return ctl
 
-    def first(ctl, cur=colo):
-        return [s for s, _ in ctl._rank([8], [2, 4], cur) if s in (colo, pd)][0]
+    def first(ctl, cur=narrow):
+        return [s for s, _ in ctl._rank([8], [1, 2, 4], cur) if s in (narrow, wide)][0]
 
     fixed_cap = controller(False)  # no admission control: ranked where it runs
-    assert first(fixed_cap) == pd
+    assert first(fixed_cap) == wide
     fixed_cap._recap(448)
-    assert first(fixed_cap) == pd
-    whole = fixed_cap._predict([colo])[0].completion_s
+    assert first(fixed_cap) == wide
+    whole = fixed_cap._predict([narrow])[0].completion_s
     fixed_cap._recap(128)
-    assert fixed_cap.batch.size == 128 and first(fixed_cap) == colo
+    assert fixed_cap.batch.size == 128 and first(fixed_cap) == narrow
     # still the pipeline's completion (512 trajectories), at the capped concurrency
-    assert fixed_cap._predict([colo])[0].completion_s > 0.5 * whole
+    assert fixed_cap._predict([narrow])[0].completion_s > 0.5 * whole
     adaptive = controller(True)
-    assert first(adaptive) == pd  # no cap yet: nothing measured says the cache thrashes
+    assert first(adaptive) == wide  # no cap yet: nothing measured says the cache thrashes
     adaptive.admission.cap = 448  # (as its first thrash reading would set it)
     adaptive._recap(448)
-    assert first(adaptive) == colo and first(adaptive, pd) == colo
+    assert first(adaptive) == narrow
 
 
 def test_a_configured_cap_is_predicted_from_the_start():

@@ -14,8 +14,8 @@ one step's budget, the observed difference is 0. With prompts longer than the bu
 engine falls behind by more than that (see the two xfail tests: the fast-forward admits waiting
 prefills only at segment boundaries, so the leftover budget of a long prefill's last step is lost).
 
-The `test_same_rule_*` tests check, one by one, the policy points that `pearl.engine.emulated` lists
-as SAME in "Where this differs from Scheduler and why": FIFO admission under max_num_seqs, decodes
+The `test_same_rule_*` tests check, one by one, the policy points that docs/engines.md ("The emulated
+engine against `Scheduler`") lists as SAME: FIFO admission under max_num_seqs, decodes
 first then prefill chunks within the budget, prefix reuse, and the preemption victim (the newest,
 recomputed from 0; with KV in one-token blocks, as the emulated engine counts it).
 """
@@ -220,7 +220,7 @@ def test_scheduler_parity_when_prompts_exceed_the_budget():
 
 
 # ------------------------------------------------------------------ the rules that are the same
-# (see "Where this differs from Scheduler and why" in pearl.engine.emulated for the rest)
+# (see "The emulated engine against `Scheduler`" in docs/engines.md for the rest)
 def test_same_rule_fifo_admission_bounded_by_max_num_seqs():
     # Three running at most: the rest wait in arrival order and start as slots free up, in both.
     for seed in range(3):

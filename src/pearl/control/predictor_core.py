@@ -165,8 +165,8 @@ def _solve(cf, n_dw, n_p, dis, p_same, engine: EngineConfig, reps: BatchReps, to
         new[flat], tau_h[flat], w_new[flat] = r.new_s.ravel(), r.th_s.ravel(), r.wait_s.ravel()
         new, tau_h, w_new = new.reshape(C, N), tau_h.reshape(C, N), w_new.reshape(C, N)
         # Step 0.7, shrinking after 8 iterations: a saturated prefill queue can flip between two states
-        # (long waits: sessions queued need no decode-side KV, nothing is evicted, the queue drains;
-        # short waits: evictions, recomputes, the queue fills), so late steps average them.
+        # (short waits: few evictions and recomputes; long waits: the decode side evicts more of the
+        # contexts that wait, their recomputes fill the queue), so late steps average them.
         a = 0.7 if it < 8 else 5.6 / it
         wait = w_new if it < 8 else wait + a * (w_new - wait)
         if ic.size:
@@ -253,18 +253,17 @@ def _segments(s: SimpleNamespace, engine: EngineConfig, T, tau_h, wait) -> Simpl
     dt, tmid = Ts - prev, (Ts + prev) / 2
     slope = grow / Ts  # context growth per second while alive
     # Sums over the alive (reverse cumulative sums in completion order), all in one pass.
-    queued = np.minimum((K_s * wait_s + own_s) / Ts, 1.0)  # share of its life in the prefill queue
     wps = ws * ps
-    parts = np.array([ws, wps, wc0 * ps, wps * slope, wc0, ws * slope, wK / Ts, ws * think, ws * queued,
+    parts = np.array([ws, wps, wc0 * ps, wps * slope, wc0, ws * slope, wK / Ts, ws * think,
                       wc0c0, wc0x2 * slope, ws * slope ** 2])
     if s.steady:  # replaced as they finish: the alive are each kind in proportion to its life, at mid-life
-        parts[[3, 5, 10]] *= Ts / 2
-        parts[11] *= Ts ** 2 / 3
+        parts[[3, 5, 9]] *= Ts / 2
+        parts[10] *= Ts ** 2 / 3
         tmid = 1.0
         sums = (parts * (s.n_all * Ts / (ws * Ts).sum(1, keepdims=True))).sum(2, keepdims=True)
-        S_w, S_p, S_pc, S_ps, S_c0, S_sl, S_k, S_z, S_q, S_a, S_b, S_d = np.broadcast_to(sums, parts.shape)
+        S_w, S_p, S_pc, S_ps, S_c0, S_sl, S_k, S_z, S_a, S_b, S_d = np.broadcast_to(sums, parts.shape)
     else:
-        S_w, S_p, S_pc, S_ps, S_c0, S_sl, S_k, S_z, S_q, S_a, S_b, S_d = np.cumsum(parts[:, :, ::-1], axis=2)[:, :, ::-1]
+        S_w, S_p, S_pc, S_ps, S_c0, S_sl, S_k, S_z, S_a, S_b, S_d = np.cumsum(parts[:, :, ::-1], axis=2)[:, :, ::-1]
     oth = np.maximum(S_w - 1, 0) / (S_w1 := np.maximum(S_w, 1e-12))  # share of the alive that are others
     S_c, S_all = S_pc + S_ps * tmid, S_c0 + S_sl * tmid  # contexts decoding / held by all alive
     B = 1 + S_p * oth * mate  # decoders wanting a step (the engine runs at most max_num_seqs)
@@ -273,11 +272,9 @@ def _segments(s: SimpleNamespace, engine: EngineConfig, T, tau_h, wait) -> Simpl
     # each advances kv_slow times slower); idle sessions beyond KV are evicted, so a share `evict` of
     # turns recomputes / re-sends it all.
     kv_slow = np.maximum(np.maximum(1.0, (held := ctx + own_ctx) / cf.cap), B / engine.max_num_seqs)
-    # Disaggregated, a session waiting in the prefill queue has had its context fetched already (its
-    # copy on the decode worker is the first to go, harmlessly): only those decoding or in their
-    # environment need it kept there.
-    demand = np.maximum(S_all * np.where(s.dis, 1.0 - S_q / S_w1, 1.0) * oth * mate + own_ctx,
-                        held)  # (at least what the decoders hold)
+    # Disaggregated, a session waiting in the prefill queue keeps its context on the decode worker
+    # until the prefill worker pulls it at admission: every alive session's context counts there.
+    demand = np.maximum(S_all * oth * mate + own_ctx, held)  # (at least what the decoders hold)
     evict = np.minimum(np.maximum(demand - cf.cap, 0.0) / np.maximum(demand - ctx - own_ctx, 1.0), 1.0)
     m_ctx = S_all / S_w1
     m_sq = (S_a + S_b * tmid + S_d * tmid ** 2) / S_w1  # the alive contexts' mean square

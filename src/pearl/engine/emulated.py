@@ -1,70 +1,13 @@
 """The emulated engine: real scheduling state, step times from the performance model.
 
-The policy of `pearl.engine.scheduler.Scheduler`, with the differences listed below, fast-forwarded: a
+The policy of `pearl.engine.scheduler.Scheduler`, with a few differences, fast-forwarded: a
 *segment* is a run of k identical steps that ends at the next internal event (a prefill finishing, a
 decode finishing, the KV cache filling up). Decoding requests are stored lazily (join step, context at
 join, finish step) so a segment costs O(log n), not O(batch). The engine never touches the clock: the
 simulator passes `t` in and schedules `segment_end` at `self.end_t`.
 
-Where this differs from Scheduler and why
------------------------------------------
-This engine does not call `Scheduler`. Speed: `benchmarks/sim_speed.py` simulates 7.6 million engine
-steps per virtual hour (48 engines), in about 2 s; one `schedule()` per step costs 16 µs at 4 decodes
-(the run's mean) to 300 µs at 128, i.e. minutes per virtual hour, far from >= 1000x real time.
-Results: the points marked DIFFERS below would change every simulated result (the golden runs must
-stay byte-identical). `tests/engine/test_parity.py` checks the points marked SAME against Scheduler.
-- Step composition, SAME: each decode adds one token, then prefill chunks FIFO fill the rest of the
-  budget; a token is sampled in the step a request's KV reaches its context. (Scheduler skips decodes
-  past the budget, this engine never does: they differ only if max_num_seqs > max_batched_tokens.)
-- Chunked-prefill budget, SAME: decode + prefill tokens <= max_batched_tokens in every step; planned
-  here as a FIFO fluid over a segment that ends when the head prefill completes, which gives the chunks
-  of step-wise scheduling, the leftover of its last step included (to the next *admitted* prefill).
-- Admission order, SAME: one FIFO queue, the head blocks those behind it (no overtaking), preempted
-  requests go back to its front; at most max_num_seqs requests decode or prefill.
-- Admission timing, DIFFERS: Scheduler admits in every step that has budget left after the decodes and
-  running prefills; here only when a segment is planned, while the admitted prefill work is below
-  max_batched_tokens (decodes not deducted). Why: a segment's admissions are decided once, when it is
-  planned; handing a long prefill's last-step leftover to a queued request would take one more segment
-  boundary per long prefill and change the simulated results (a known gap: the xfail parity tests).
-  Effect: that leftover is lost, and a prefill may reserve its KV a few steps before its first chunk.
-- KV granularity, DIFFERS: Scheduler counts blocks of block_size tokens; here tokens (under one block
-  per sequence apart). Why: a segment's decode KV must grow linearly with its steps.
-- KV reservation, SAME rule (a prefill reserves its whole context at admission, a decode grows one token
-  a step) with two DIFFERENCES: a watermark at admission (16 tokens per running decode + 1% of capacity;
-  why: no thrash, a request just preempted is not readmitted to be preempted again), and a decode's KV
-  is counted as its context length (num_tokens, what fast-forward tracks as ctx_base + B·step), i.e.
-  including the position its next step computes, so KV runs out one step earlier here than in
-  Scheduler, which grows each decode just before its step.
-- Idle-session eviction, SAME: retained sessions go least recently used first, before any preemption,
-  never the one being grown. DIFFERS: if that is not enough, the prefixes retained by *queued* requests
-  go too (newest first; they then compute from 0); Scheduler never evicts them (they are active). Why:
-  otherwise prefixes held by queued turns can starve the queue's head with nothing running to free KV
-  (in TorchEngine that is an error: the engine reports it is stuck).
-- Preemption, SAME victim in the common case, the newest: Scheduler preempts the last admitted running
-  request (possibly a prefill, or the decode that cannot grow; never a request running alone); here
-  the decode that joined decoding last, even alone (prefills are never victims: their KV is reserved).
-  Prefills complete FIFO, so join order is admission order, except for imported KV (joins at once). SAME
-  after: its KV is freed, it restarts from 0 computed tokens at the queue's front, the older keep theirs.
-  The trigger differs: per decode (oldest first) in Scheduler, here when free KV cannot cover one step
-  of all decodes.
-- Prefix reuse, SAME: a turn of a session retained here computes only what lies beyond
-  min(held, context - 1). TorchEngine first cuts the session to the prefix its token ids share; here a
-  turn always extends its session (no ids). Here only: `have` tokens from a peer, and `kv_ready`.
-- Roles, SAME: no role rule in Scheduler (it only records the role); prefill-role requests are
-  `prefill_only` and finish with the token sampled at the end of prefill; preempted requests recompute
-  where they are. DIFFERS for imported KV (decode role, migration): Scheduler admits the request through
-  its prefill path (a one-token chunk, counted as prefill, gated by the budget); here it joins the
-  decodes at admission, ungated, and finishes at once if nothing is left to generate (Scheduler runs
-  one more step). Why: the step-time model prices it as the decode it is. The prefill role's budget
-  here ignores decodes (it has none unless given imported KV).
-- Leaving: finish SAME (the session's context - 1 tokens are retained idle, most recently used); abort
-  DIFFERS: here the request's KV is always dropped (the simulator carries KV explicitly), while
-  Scheduler may retain it (`TorchEngine.abort(keep_kv=True)`).
-- Step time (not a policy): priced once per segment, at its mean decode context and its mean prefill
-  attention (`pearl.engine.chunks.prefill_attn`: a prompt longer than a step's budget attends to a
-  prefix that grows by a chunk each step). Until 2026-12-07 every step was priced at the first
-  step's attention, which under-priced a 27k-token recompute's attention 2.7x and made swe's
-  batches up to 25% short.
+Where this differs from Scheduler and why (each point, SAME or DIFFERS): docs/engines.md, "The
+emulated engine against `Scheduler`"; `tests/engine/test_parity.py` checks the SAME points.
 """
 from __future__ import annotations
 
@@ -108,6 +51,7 @@ class EmulatedEngine:
         self.waiting: deque[Request] = deque()
         self.waiting_held = 0  # KV that queued requests already hold (retained prefix, imported KV)
         self._held: dict[Request, int] = {}
+        self._pull: dict[Request, tuple[int, Callable[[], int] | None]] = {}  # prefixes a peer holds (`submit`)
         self.incoming_tokens = 0  # KV hand-offs on their way here (the router counts them as load)
         self.idle: OrderedDict[str, int] = OrderedDict()  # retained session KV, LRU first
         self.idle_tokens = 0
@@ -143,23 +87,35 @@ class EmulatedEngine:
     def holds(self, session: str) -> int:
         return self.idle.get(session, 0)
 
+    def touch(self, session: str) -> None:
+        """Mark a retained session used now (it is the last one eviction takes)."""
+        if session in self.idle:
+            self.idle.move_to_end(session)
+
     def requests(self) -> list[Request]:
         return [d.req for d in self.dec.values()] + list(self.pre) + list(self.waiting)
 
     # ------------------------------------------------------------------ inputs
-    def submit(self, req: Request, t: float, kv_ready: bool = False, have: int = 0) -> None:
+    def submit(self, req: Request, t: float, kv_ready: bool = False, have: int = 0,
+               source: Callable[[], int] | None = None) -> None:
         """Queue a turn. Its KV may already be here: a retained session (prefix reuse), `have` tokens
-        fetched from a peer, or, with `kv_ready`, all of it (imported after prefill / migration)."""
+        a peer holds (`source()`: how many it still holds; None: all `have` for sure), or, with
+        `kv_ready`, all of it (imported after prefill / migration)."""
         self.sync(t)
         req.arrival_t = t
         held = self.idle.pop(req.session, 0)
         self.idle_tokens -= held
-        # KV held here while queued (a retained prefix, imported KV); a prefix fetched from a peer
-        # (`have`) is pulled in only when the request is admitted, so it holds no memory yet.
+        # KV held here while queued (a retained prefix, imported KV). A peer's prefix (`have`) is
+        # pulled only when the request is admitted (as vLLM's KV connector loads external tokens when
+        # its scheduler takes the request), so it holds no memory here yet and stays an ordinary
+        # evictable session on the peer: the pull gets what the peer still holds then (`_admit`).
         # Imported KV (kv_ready) likewise lands on admission: until then only the part of the context
         # this worker retained is in its memory (pull-based hand-off: no worker is over-committed).
         here = min(held, req.num_tokens - 1)
-        req.num_computed = req.num_tokens - 1 if kv_ready else max(here, min(have, req.num_tokens - 1))
+        pull = min(have, req.num_tokens - 1)
+        req.num_computed = req.num_tokens - 1 if kv_ready else max(here, pull)
+        if pull > here and not kv_ready:
+            self._pull[req] = (pull, source)
         req.status = RequestStatus.WAITING
         self.waiting.append(req)
         self._held[req] = here
@@ -184,6 +140,7 @@ class EmulatedEngine:
         elif req in self.waiting:
             self.waiting.remove(req)
             self.waiting_held -= self._held.pop(req, 0)
+            self._pull.pop(req, None)
         req.status = RequestStatus.ABORTED
         self.plan(t)
         return req
@@ -306,7 +263,7 @@ class EmulatedEngine:
                 if here:
                     self._held[r] = 0
                     self.waiting_held, free = self.waiting_held - here, free + here
-                    r.num_computed = 0
+                    r.num_computed = self._pull[r][0] if r in self._pull else 0  # (a peer's part stays pullable)
                     self.evictions += 1
                     if free >= need:
                         break
@@ -330,6 +287,9 @@ class EmulatedEngine:
             here = self._held.get(r, 0)
             self.waiting.popleft()
             self.waiting_held -= self._held.pop(r, 0)
+            if r in self._pull:  # pull the peer's prefix now: what it still holds (the rest is recomputed)
+                pull, source = self._pull.pop(r)
+                r.num_computed = max(here, pull if source is None else min(pull, source()))
             if ready and r.num_generated >= r.max_new_tokens:  # nothing left to decode (1-token turn)
                 self._finish(r, t)
             elif ready:

@@ -9,7 +9,7 @@ requests are `prefill_only`); `decode` decodes imported requests and recomputes 
 
 The real engine drives this one step at a time. The emulated engine (the simulator's) does not call
 it: it fast-forwards many identical steps at once and follows most of these rules, not all; its
-docstring ("Where this differs from Scheduler and why") lists each point, and
+differences are listed in docs/engines.md ("The emulated engine against `Scheduler`"), and
 `tests/engine/test_parity.py` checks the shared ones against this class.
 """
 from __future__ import annotations

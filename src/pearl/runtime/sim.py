@@ -4,7 +4,7 @@ Owns the virtual clock, the emulated engines, the agent loops, the emulated trai
 decisions (which layout, when to borrow, how to absorb elastic devices) come from the controller
 (`pearl.control.policies.make_controller`), driven through `pearl.runtime.sim_control.SimControl`,
 which observes this simulator and acts through its actuators (`start_worker`, `stop_worker`,
-`set_role`, `ClusterState.lend`/`reclaim`). The unified `ClusterState` records every change.
+`set_role`, `ClusterState.lend`/`reclaim`), recorded in the one `ClusterState`.
 """
 from __future__ import annotations
 
@@ -110,8 +110,7 @@ class Simulator(SimTrainer, SimBalance):
         self.next_node = node + -(-c.train_devices // c.devices_per_node)
 
     def perf_for(self, tp: int, hardware: str | None = None) -> PerfModel:
-        """The worker model at tensor-parallel size `tp`, on `hardware` (None: cluster.hardware); raises
-        ResourceError if it does not fit."""
+        """The worker model at tp `tp` on `hardware` (None: cluster.hardware); ResourceError if it won't fit."""
         pm, p = self._perfs.get((tp, hardware)), self.perf
         if pm is None:  # another kind: the catalogue's efficiencies for it (a twin's fit its own hardware)
             pm = self._perfs[(tp, hardware)] = p.with_tp(tp) if hardware is None else PerfModel(
@@ -292,6 +291,7 @@ class Simulator(SimTrainer, SimBalance):
             if peer > held and peer > 0:
                 delay = self.handoff_s(home, eng, peer - held)
                 if delay < eng.pm.prefill_time(peer - held, held):
+                    home.touch(tr.id)  # `_fetched` has it pulled at admission: the last to evict until then
                     self.clock.at(t + delay, self._fetched, eng, r, peer)
                     return
         else:
@@ -310,7 +310,7 @@ class Simulator(SimTrainer, SimBalance):
             self._submit(tr, r, self.clock.now)
             return
         tr.min_version = min(tr.min_version, eng.version)
-        eng.submit(r, self.clock.now, have=have)
+        eng.submit(r, self.clock.now, have=have, source=lambda h=tr.home: h.holds(tr.id) if h.accepting else 0)
 
     def _on_done(self, eng: EmulatedEngine, r: Request, t: float) -> None:
         tr: SimTrajectory = r.meta
