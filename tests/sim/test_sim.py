@@ -159,6 +159,19 @@ def test_throughput_is_measured_over_the_steady_state_after_the_first_step():
     assert r["trained_trajectories"] == sum(s["trajectories"] for s in steps)
 
 
+def test_a_run_too_short_for_a_steady_state_is_measured_over_all_of_it():
+    """Two steps at staleness 1: both batches are admitted at t=0, so the second is trained soon after
+    the first. Its trajectories over the gap between the two would credit the run with a rate its
+    layout never had (a layout too slow for the run looked 2.5x faster than the best one this way):
+    the window is the whole run."""
+    r = run({"max_train_steps": 2})
+    steps = r["per_step"]
+    assert len(steps) == 2 and steps[1]["t_end"] - steps[0]["t_end"] < steps[0]["t_end"]
+    assert r["throughput"]["steady_state_s"] == pytest.approx(steps[1]["t_end"], abs=2e-3)
+    assert r["throughput"]["trajectories_per_s"] == pytest.approx(
+        (steps[0]["trajectories"] + steps[1]["trajectories"]) / steps[1]["t_end"], rel=1e-3)
+
+
 def test_one_token_responses_do_not_hang_a_disaggregated_layout():
     one = {"workload": {"response_tokens": {"kind": "constant", "value": 1}}, "duration_s": 60}
     with deadline(5.0):

@@ -22,8 +22,9 @@ within one the alive set is fixed and, per decode-capable worker:
   think time Z (Schweitzer's MVA), so saturation throttles the turns instead of diverging; a prefill
   worker serves a turn at no less than its FLOPs and all-reduces (queued prompts share a chunk), and
   the first prompts' burst is that queue's first wait, not added to it;
-- KV: every alive session holds KV (disaggregated: not while it waits in the prefill queue, its
-  context fetched already; and never less than the decoders' own contexts); decoders beyond
+- KV: every alive session holds KV on its decode-capable worker (disaggregated, also while it waits
+  in the prefill queue: the prefill worker pulls it at admission; never less than the decoders' own
+  contexts); decoders beyond
   capacity (or beyond the engine's `max_num_seqs`) shrink the batch and wait, idle sessions beyond
   it are evicted: the next turn recomputes the whole context in the prefill queue (a mixed worker's
   chunks, or a prefill worker's queue unless that worker's own KV still holds it: then it is

@@ -53,12 +53,16 @@ def collect(sim: Any) -> dict[str, Any]:
     """The result of a finished `pearl.runtime.sim.Simulator` run."""
     T = max(sim.clock.now, 1e-9)
     steps = sim.steps
-    # Steady state: from the end of the first training step to the end of the last one.
+    # Steady state: from the end of the first training step to the end of the last one. If that is
+    # shorter than the first step took, the run never reached one: batches in flight from the start
+    # finish in a burst after it (a layout too slow for the run), so the whole run is the window.
     done = [s for s in steps if s["t_end"] <= T]
     if len(done) >= 2:
         t0, t1 = done[0]["t_end"], done[-1]["t_end"]
-        trajs = sum(s["trajectories"] for s in done[1:])
-        toks = sum(s["tokens"] for s in done[1:])
+        kept = done[1:] if t1 - t0 >= t0 else done
+        t0 = t0 if kept is not done else 0.0
+        trajs = sum(s["trajectories"] for s in kept)
+        toks = sum(s["tokens"] for s in kept)
         span = max(t1 - t0, 1e-9)
         thr, tok_thr = trajs / span, toks / span
     else:
