@@ -49,24 +49,25 @@ def _r(x: float, nd: int = 4) -> float:
     return float(round(x, nd))
 
 
+def _steady(done: list[dict]) -> tuple[float, float, float]:
+    """(window s, trajectories/s, tokens/s) of the steady state: from the end of the first training step
+    to the end of the last one. If that is shorter than the first step took, the run never reached one:
+    batches in flight from the start finish in a burst after it (a layout too slow for the run), so the
+    whole run is the window."""
+    if len(done) < 2:
+        return 0.0, 0.0, 0.0
+    t0, t1 = done[0]["t_end"], done[-1]["t_end"]
+    kept, t0 = (done[1:], t0) if t1 - t0 >= t0 else (done, 0.0)
+    span = max(t1 - t0, 1e-9)
+    return span, sum(s["trajectories"] for s in kept) / span, sum(s["tokens"] for s in kept) / span
+
+
 def collect(sim: Any) -> dict[str, Any]:
     """The result of a finished `pearl.runtime.sim.Simulator` run."""
     T = max(sim.clock.now, 1e-9)
     steps = sim.steps
-    # Steady state: from the end of the first training step to the end of the last one. If that is
-    # shorter than the first step took, the run never reached one: batches in flight from the start
-    # finish in a burst after it (a layout too slow for the run), so the whole run is the window.
     done = [s for s in steps if s["t_end"] <= T]
-    if len(done) >= 2:
-        t0, t1 = done[0]["t_end"], done[-1]["t_end"]
-        kept = done[1:] if t1 - t0 >= t0 else done
-        t0 = t0 if kept is not done else 0.0
-        trajs = sum(s["trajectories"] for s in kept)
-        toks = sum(s["tokens"] for s in kept)
-        span = max(t1 - t0, 1e-9)
-        thr, tok_thr = trajs / span, toks / span
-    else:
-        span, thr, tok_thr = 0.0, 0.0, 0.0
+    span, thr, tok_thr = _steady(done)
     # utilisation by pool (device-seconds) and by role (worker-seconds of engine busy time)
     busy: dict[str, float] = {p.value: 0.0 for p in Pool}
     by_role: dict[str, float] = {r.value: 0.0 for r in Role}
