@@ -273,8 +273,9 @@ def _segments(s: SimpleNamespace, engine: EngineConfig, T, tau_h, wait) -> Simpl
     # turns recomputes / re-sends it all.
     kv_slow = np.maximum(np.maximum(1.0, (held := ctx + own_ctx) / cf.cap), B / engine.max_num_seqs)
     # Disaggregated, a session waiting in the prefill queue keeps its context on the decode worker
-    # until the prefill worker pulls it at admission: every alive session's context counts there.
-    demand = np.maximum(S_all * oth * mate + own_ctx, held)  # (at least what the decoders hold)
+    # until the prefill worker pulls it at admission: every alive session's context counts there
+    # (never less than the decoders' own: S_all holds S_c).
+    demand = S_all * oth * mate + own_ctx
     evict = np.minimum(np.maximum(demand - cf.cap, 0.0) / np.maximum(demand - ctx - own_ctx, 1.0), 1.0)
     m_ctx = S_all / S_w1
     m_sq = (S_a + S_b * tmid + S_d * tmid ** 2) / S_w1  # the alive contexts' mean square
