@@ -222,7 +222,7 @@ class ControllerConfig(Frozen):
     # flight are at least this share of the most the run has had (else it measures a batch's tail).
     full_pipeline_share: float = Field(default=0.7, ge=0, le=1)
     # A lend must save this share of its workers' start + stop (its window leaves both out; unmodelled: migrating back).
-    lend_gain_factor: float = Field(default=0.5, ge=0, le=1e6)
+    lend_gain_factor: float = Field(default=0.1, ge=0, le=1e6)
     # Slack a lend keeps before its deadline: a fixed part plus a share of the return's cost (the
     # estimate of vacating the devices can be off, proportionally and not).
     lend_safety_s: float = Field(default=0.25, ge=0, le=MAX_DURATION_S)

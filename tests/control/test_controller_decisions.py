@@ -14,14 +14,18 @@ from tests.control.test_policies_sim import BUSY, live_trajectories, run, scenar
 NO_SPOT = dict(cluster=dict(elastic=dict(kind="none")))
 
 
-def test_the_next_batch_is_estimated_from_the_last_intervals_or_as_long_again_before_the_first():
+def test_the_next_batch_is_estimated_from_the_last_intervals_and_once_overdue_from_the_groups_still_missing():
     assert next_batch_at(TrainerObs(False, 0, 8), 40.0)[0] == 80.0  # no batch yet: at 2·t
     assert next_batch_at(TrainerObs(False, 0, 8, (100.0,)), 130.0)[0] == 200.0  # start → 100: 100 again
-    assert next_batch_at(TrainerObs(False, 0, 8, (100.0, 160.0, 200.0)), 210.0)[0] == 250.0  # mean of 60, 40
-    # Overdue (due at 250 by the intervals, now 290): one mean interval from now, not "due now", which
-    # would refuse every lend for as long as the batch is late.
-    at, how = next_batch_at(TrainerObs(False, 0, 8, (100.0, 160.0, 200.0)), 290.0)
-    assert at == 340.0 and how.startswith("overdue since 250")
+    assert next_batch_at(TrainerObs(False, 4, 8, (100.0, 160.0, 200.0)), 210.0)[0] == 250.0  # mean of 60, 40
+    # Overdue (due at 250 by the intervals, now 290) with 7 of 8 groups in: an eighth of a mean
+    # interval from now, not a whole one (a lend on that runs into the batch), nor "due now" (which
+    # would refuse every lend for as long as the batch is late).
+    at, how = next_batch_at(TrainerObs(False, 7, 8, (100.0, 160.0, 200.0)), 290.0)
+    assert at == 296.25 and how.startswith("overdue since 250: 1 of 8 groups to come")
+    # A runtime that reports no group count: one mean interval from now.
+    at, how = next_batch_at(TrainerObs(False, 0, 0, (100.0, 160.0, 200.0)), 290.0)
+    assert at == 340.0 and how.startswith("overdue since 250: one mean interval")
 
 
 @pytest.mark.parametrize("policy", ["pearl", "rlboost+", "roll-partial"])

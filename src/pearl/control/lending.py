@@ -52,17 +52,24 @@ def next_batch_at(tr: TrainerObs, t: float) -> tuple[float, str]:
     """When the trainer's next batch is expected ready, and how that was estimated: as far after the
     last batch as the last (up to three) batches were apart (the run's start counts as a batch at
     0); before any batch, at 2·t (as long again as the run has taken so far). A batch already
-    overdue by that estimate is assumed one mean interval after now: "due now" would refuse every
-    lend while the trainer waits (on s1-swe for 300 s and more), and a batch that comes earlier is
-    covered by the return path."""
+    overdue by that estimate is, as a rule, nearly in (docs/results.md, twelfth session): it is
+    assumed the share of its groups still missing of a mean interval from now ("due now" would
+    refuse every lend while the trainer waits, on s1-swe for 300 s and more; a whole interval, as
+    until 2026-12-08, over-estimated nine in ten of those waits). Without a group count, one mean
+    interval from now. A batch that comes earlier is covered by the return path."""
     if not tr.batch_ready_t:
         return 2.0 * t, "no batch yet: the first assumed ready at 2·t"
     ready = tr.batch_ready_t if len(tr.batch_ready_t) > 1 else (0.0, *tr.batch_ready_t)  # 0: the run's start
     gaps = [b - a for a, b in zip(ready, ready[1:])][-3:]
     gap = sum(gaps) / len(gaps)
-    if ready[-1] + gap <= t:
-        return t + gap, f"overdue since {ready[-1] + gap:.6g}: one mean interval of the last {len(gaps)} from now"
-    return ready[-1] + gap, f"the last {len(gaps)} batch interval(s)"
+    if ready[-1] + gap > t:
+        return ready[-1] + gap, f"the last {len(gaps)} batch interval(s)"
+    late = f"overdue since {ready[-1] + gap:.6g}: "
+    if tr.groups_needed > 0:
+        missing = min(max(tr.groups_needed - tr.groups_ready, 0), tr.groups_needed)
+        return t + missing / tr.groups_needed * gap, (f"{late}{missing} of {tr.groups_needed} groups to come, "
+                                                      f"at the pace of the last {len(gaps)} interval(s)")
+    return t + gap, f"{late}one mean interval of the last {len(gaps)} from now"
 
 
 def trainer_idles(tr: TrainerObs) -> bool:
