@@ -44,7 +44,8 @@ def _config(name: str, seed: int):
 
 
 def measure(args) -> tuple[str, np.ndarray]:
-    """(scenario, rows of [actual wait, shipped estimate, replaced estimate, overdue?]) at every call."""
+    """(scenario, rows of [actual wait, shipped estimate, replaced estimate, overdue?, share of the
+    batch's groups in]) at every call."""
     name, seed = args
     import pearl.control.lending as lending
     from pearl.control.observation import TrainerObs
@@ -55,7 +56,7 @@ def measure(args) -> tuple[str, np.ndarray]:
     def recorded(tr, t):
         got = shipped(tr, t)
         old = shipped(TrainerObs(tr.busy, 0, 0, tr.batch_ready_t, tr.devices), t)  # no group count
-        calls.append((t, got[0], old[0], old[1].startswith("overdue")))
+        calls.append((t, got[0], old[0], old[1].startswith("overdue"), tr.groups_ready / max(tr.groups_needed, 1)))
         return got
 
     lending.next_batch_at = recorded
@@ -63,11 +64,11 @@ def measure(args) -> tuple[str, np.ndarray]:
     sim.run()
     ready = sorted(sim.batch_ready_t)
     rows = []
-    for t, new, old, late in calls:
+    for t, new, old, late, share in calls:
         i = bisect.bisect_right(ready, t)
         if t > 0 and i < len(ready):
-            rows.append((ready[i] - t, new - t, old - t, late))
-    return name, np.array(rows, float).reshape(-1, 4)
+            rows.append((ready[i] - t, new - t, old - t, late, share))
+    return name, np.array(rows, float).reshape(-1, 5)
 
 
 def main() -> None:
@@ -77,9 +78,9 @@ def main() -> None:
     a = ap.parse_args()
     with Pool(a.jobs) as pool:
         results = pool.map(measure, [(s, a.seed) for s in SCENARIOS])
-    print("| scenario | case | calls | actual wait, median s | shipped: median abs error s, over-estimated | "
-          "replaced: median abs error s, over-estimated |")
-    print("|---|---|---|---|---|---|")
+    print("| scenario | case | calls | groups in, median | actual wait, median s | shipped: median abs error s, "
+          "over-estimated | replaced: median abs error s, over-estimated |")
+    print("|---|---|---|---|---|---|---|")
     ratios = []
     for name, R in results:
         for case, m in (("overdue", R[:, 3] == 1), ("on time", R[:, 3] == 0)):
@@ -88,7 +89,7 @@ def main() -> None:
             act, new, old = R[m, 0], R[m, 1], R[m, 2]
             if case == "overdue":
                 ratios.append(np.median(np.abs(new - act)) / np.median(np.abs(old - act)))
-            print(f"| {Path(name).stem} | {case} | {int(m.sum())} | {np.median(act):.2f} | "
+            print(f"| {Path(name).stem} | {case} | {int(m.sum())} | {np.median(R[m, 4]):.0%} | {np.median(act):.2f} | "
                   f"{np.median(np.abs(new - act)):.2f}, {np.mean(new > act):.0%} | "
                   f"{np.median(np.abs(old - act)):.2f}, {np.mean(old > act):.0%} |")
     print(f"overdue batches: median absolute error of the next-batch estimate, shipped / replaced, geometric "
