@@ -271,7 +271,7 @@ def _segments(s: SimpleNamespace, engine: EngineConfig, T, tau_h, wait) -> Simpl
     # KV beyond capacity, or decoders beyond max_num_seqs: they wait (the batch shrinks by kv_slow,
     # each advances kv_slow times slower); idle sessions beyond KV are evicted, so a share `evict` of
     # turns recomputes / re-sends it all.
-    kv_slow = np.maximum(np.maximum(1.0, (held := ctx + own_ctx) / cf.cap), B / engine.max_num_seqs)
+    kv_slow = np.maximum(np.maximum(1.0, (ctx + own_ctx) / cf.cap), B / engine.max_num_seqs)
     # Disaggregated, a session waiting in the prefill queue keeps its context on the decode worker
     # until the prefill worker pulls it at admission: every alive session's context counts there
     # (never less than the decoders' own: S_all holds S_c).
