@@ -47,15 +47,16 @@ def measure(args) -> tuple[str, np.ndarray]:
     """(scenario, rows of [actual wait, shipped estimate, replaced estimate, overdue?, share of the
     batch's groups in]) at every call."""
     name, seed = args
+    from dataclasses import replace
+
     import pearl.control.lending as lending
-    from pearl.control.observation import TrainerObs
     from pearl.runtime.sim import Simulator
 
     shipped, calls = lending.next_batch_at, []
 
     def recorded(tr, t):
         got = shipped(tr, t)
-        old = shipped(TrainerObs(tr.busy, 0, 0, tr.batch_ready_t, tr.devices), t)  # no group count
+        old = shipped(replace(tr, groups_ready=0, groups_needed=0), t)  # no group count
         calls.append((t, got[0], old[0], old[1].startswith("overdue"), tr.groups_ready / max(tr.groups_needed, 1)))
         return got
 

@@ -66,7 +66,7 @@ def next_batch_at(tr: TrainerObs, t: float) -> tuple[float, str]:
         return ready[-1] + gap, f"the last {len(gaps)} batch interval(s)"
     late = f"overdue since {ready[-1] + gap:.6g}: "
     if tr.groups_needed > 0:
-        missing = min(max(tr.groups_needed - tr.groups_ready, 0), tr.groups_needed)
+        missing = max(tr.groups_needed - tr.groups_ready, 0)
         return t + missing / tr.groups_needed * gap, (f"{late}{missing} of {tr.groups_needed} groups to come, "
                                                       f"at the pace of the last {len(gaps)} interval(s)")
     return t + gap, f"{late}one mean interval of the last {len(gaps)} from now"
